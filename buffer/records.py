@@ -1,0 +1,62 @@
+"""The rollout records every plane agrees on: a `Group` of `Sample`s for one prompt.
+
+Actors build them, the buffer validates/stores/serves them (its wire format lives in `buffer.wire`),
+and the learner turns a list of groups into padded tensors. Arrays are numpy so this module needs
+neither torch nor vLLM.
+
+Per-token arrays of a sample all have the response length T:
+  tokens      int32  response token ids (for LUFFY prefix rows: demonstration prefix + continuation)
+  logprobs    float32 behaviour log-prob log mu of each token (vLLM `processed_logprobs`, i.e. after
+              temperature); 0.0 on demonstration (prefix) tokens, which have no behaviour policy
+  versions    int32  weight version that produced each token; -1 on demonstration tokens
+  prefix_mask bool   True on off-policy demonstration tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEMO_VERSION = -1  # version stamped on demonstration (off-policy) tokens
+
+
+@dataclass
+class Sample:
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    prefix_mask: np.ndarray
+    reward: float  # verifiable outcome reward of this response (usually 0/1)
+    finish_reason: str = "stop"  # "stop" | "length" | "demo"
+    truncated: bool = False  # True when generation hit max_tokens before an eos
+
+    @property
+    def on_policy_versions(self) -> np.ndarray:
+        return self.versions[~self.prefix_mask]
+
+
+@dataclass
+class Group:
+    group_id: str  # unique id of this group (actor id + counter)
+    prompt_index: int  # index of the prompt in the training dataset (the resume ledger uses it)
+    prompt_tokens: np.ndarray  # int32 [P] chat-templated prompt ids
+    samples: list[Sample]
+    ground_truth: str = ""
+    data_source: str = ""
+    actor_id: int = -1
+    meta: dict = field(default_factory=dict)  # small JSON-able extras (e.g. prefix ratios)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    def oldest_version(self) -> int | None:
+        """Oldest weight version among the group's generated tokens; None if it has none (all demos)."""
+        versions = [s.on_policy_versions for s in self.samples if s.on_policy_versions.size]
+        if not versions:
+            return None
+        return int(min(v.min() for v in versions))
+
+    def rewards(self) -> np.ndarray:
+        return np.asarray([s.reward for s in self.samples], dtype=np.float32)

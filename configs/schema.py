@@ -1,0 +1,274 @@
+"""The typed schema of a whole run. Every field states its unit.
+
+Units used in descriptions: *prompts* (groups), *samples* (responses; a group of one prompt holds
+`rollout.n` samples), *tokens*, *versions* (learner optimiser steps), *steps* (optimiser steps).
+"Global" means summed over all learner ranks; "per rank" means one data-parallel rank.
+
+Unknown keys are rejected (`extra="forbid"`), and cross-field rules (e.g. LUFFY needs demonstrations,
+PACS micro-batches must hold whole groups) are checked in `RunConfig` validators with the dotted key
+name and a one-line fix in the message.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ALGOS = ("grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(Section):
+    hidden_size: int = Field(128, gt=0, description="hidden width (head_dim = hidden_size / num_heads must be 64 for vLLM CPU)")
+    num_layers: int = Field(2, gt=0, description="transformer blocks")
+    num_heads: int = Field(2, gt=0, description="attention heads")
+    intermediate_size: int = Field(512, gt=0, description="MLP width")
+    max_position_embeddings: int = Field(512, gt=0, description="context length in tokens")
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="local HF model directory; null = build the built-in tiny model")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner parameter/compute dtype")
+    tiny: TinyModelConfig = TinyModelConfig()
+    cache_dir: str = Field(".cache/models", description="where the tiny model and its SFT warm-up are cached")
+    sft_warmup_steps: int = Field(
+        300, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
+    sft_error_rate: float = Field(0.35, ge=0, le=1, description="probability a warm-up demonstration holds an error")
+
+
+class ArithmeticTaskConfig(Section):
+    min_digits: int = Field(1, ge=1, description="digits of the smallest operand")
+    max_digits: int = Field(3, ge=1, description="digits of the largest operand")
+    ops: list[Literal["+", "-", "*"]] = Field(["+", "-"], description="operators to draw from")
+
+
+class DataConfig(Section):
+    task: Literal["arithmetic", "file"] = Field("arithmetic", description="synthetic task or a dataset file")
+    path: str | None = Field(None, description="train parquet/JSONL (veRL layout) when task=file")
+    eval_path: str | None = Field(None, description="held-out parquet/JSONL; default: a split of the task")
+    arithmetic: ArithmeticTaskConfig = ArithmeticTaskConfig()
+    train_prompts: int = Field(20000, gt=0, description="synthetic train prompts to generate")
+    eval_prompts: int = Field(200, gt=0, description="held-out prompts used by each evaluation")
+    max_prompt_tokens: int = Field(256, gt=0, description="prompts longer than this (tokens) are skipped and counted")
+    seed: int = Field(0, description="data generation / shuffling seed")
+
+
+class RolloutConfig(Section):
+    num_actors: int = Field(2, ge=1, description="vLLM actor processes (one engine each)")
+    n: int = Field(8, ge=1, description="samples per prompt (group size)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; behaviour log-probs are after it")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    max_response_tokens: int = Field(128, gt=0, description="generation limit per sample, tokens")
+    prompts_in_flight: int = Field(8, ge=1, description="prompts each actor generates concurrently")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per actor (Ray resources)")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs per actor (0 on CPU machines)")
+    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV cache per actor, GiB")
+    eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
+
+
+class BufferConfig(Section):
+    max_staleness: int = Field(
+        1, ge=0, description="K: a row whose oldest token is more than K versions behind the learner is never "
+                             "trained on; 0 = synchronous")
+    capacity_groups: int = Field(256, gt=0, description="groups (prompts) the buffer holds before back-pressure")
+    filter: Literal["none", "extreme", "accuracy_window"] = Field(
+        "none", description="group filter: drop all-0/all-1 groups, or keep acc_lo ≤ mean ≤ acc_hi")
+    acc_lo: float = Field(0.2, ge=0, le=1, description="accuracy_window lower bound (inclusive)")
+    acc_hi: float = Field(0.8, ge=0, le=1, description="accuracy_window upper bound (inclusive)")
+    max_message_mb: float = Field(64.0, gt=0, description="largest accepted wire message, MiB")
+    host: str = Field("127.0.0.1", description="address the buffer service binds")
+    port: int = Field(0, ge=0, lt=65536, description="TCP port; 0 = pick a free one")
+
+
+class LearnerConfig(Section):
+    world_size: int = Field(1, ge=1, description="FSDP data-parallel ranks")
+    batch_prompts: int = Field(8, ge=1, description="prompts (groups) per optimiser step, global")
+    micro_batch_samples: int = Field(16, ge=1, description="samples per forward/backward, per rank")
+    lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm (ignored by algorithms that never clip)")
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up, optimiser steps")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="decay after warm-up")
+    activation_checkpointing: bool = Field(False, description="recompute activations in backward")
+    logprob_chunk_tokens: int = Field(
+        4096, gt=0, description="tokens per chunk when computing log-probs/entropy (bounds the [tokens, vocab] logits)")
+    steps: int = Field(50, ge=1, description="optimiser steps to run")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
+    eval_every: int = Field(10, ge=0, description="held-out evaluation every N steps; 0 = never")
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPU cores per learner rank (Ray resources)")
+    gpus_per_rank: float = Field(0.0, ge=0, description="GPUs per learner rank")
+    seed: int = Field(0)
+
+
+class WeightSyncConfig(Section):
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto = nccl with GPUs, else gloo")
+    bucket_mb: float = Field(256.0, gt=0, description="packed bucket size, MiB")
+    deadline_s: float = Field(60.0, gt=0, description="every collective must finish within this, seconds")
+
+
+class LossConfig(Section):
+    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="loss aggregation; normalised by global counts of the optimiser step")
+    clip_low: float = Field(0.2, ge=0, description="PPO ε_low")
+    clip_high: float = Field(0.2, ge=0, description="PPO ε_high")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c for A<0; null = off")
+    is_correction: Literal["tis", "mask", "decoupled", "none"] = Field(
+        "tis", description="behaviour-policy importance correction on on-policy tokens")
+    is_cap: float = Field(2.0, gt=0, description="C: truncation (tis) / drop threshold (decoupled)")
+    is_mask_low: float = Field(0.5, gt=0, description="mask mode: drop tokens with w < this")
+    is_mask_high: float = Field(5.0, gt=0, description="mask mode: drop tokens with w > this")
+    entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
+    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference loss coefficient (needs a reference model)")
+    kl_estimator: Literal["k1", "abs", "mse", "k3"] = Field("k1", description="KL estimator for the loss term")
+
+
+class GRPOConfig(Section):
+    use_std: bool = Field(True, description="divide by the group std (false = Dr.GRPO)")
+    eps: float = Field(1e-6, gt=0)
+
+
+class PrimeConfig(Section):
+    beta: float = Field(0.05, gt=0, description="implicit PRM β: r_t = β q_t")
+    raw_q: bool = Field(False, description="PRIME-orig: r_t = q_t (no β)")
+    granularity: Literal["token", "whole"] = "token"
+    norm: Literal["batch_norm", "batch_norm_local", "none"] = "batch_norm"
+    norm_shards: int = Field(1, ge=1, description="shards for batch_norm_local (normally the learner world size)")
+    c_gt: float = Field(5.0, description="outcome (verifier) coefficient")
+    c_pr: float = Field(5.0, description="process (implicit PRM) coefficient")
+    gamma: float = Field(1.0, gt=0, le=1, description="discount of process returns")
+    whiten: bool = True
+    process_baseline: Literal["seed", "reference"] = "seed"
+    update: Literal["single", "double"] = "single"
+    ref: Literal["freeze", "policy"] = "freeze"
+    prm_lr: float = Field(1e-6, gt=0, description="PRM AdamW learning rate")
+    prm_grad_clip: float = Field(10.0, gt=0)
+
+
+class PureConfig(Section):
+    credit: Literal["minform", "uniform", "strict", "gamma"] = "minform"
+    temperature: float = Field(0.1, gt=0, description="min-form softmax temperature T")
+    gamma: float = Field(1.0, gt=0, le=1, description="discount for credit=gamma")
+    c_pr: float = Field(1.0, description="process-reward coefficient")
+    c_vr: float = Field(1.0, description="verifiable-reward (RLOO) coefficient")
+    baseline: Literal["token", "step"] = "token"
+    whiten: bool = False
+    zero_separators: bool = True
+    zero_final: bool = False
+    kl_coef: float = Field(0.0, ge=0, description="k1 KL-in-reward coefficient to a frozen reference")
+    prm: Literal["rule", "hf"] = Field("rule", description="rule-based step checker or an HF token-classification PRM")
+    prm_path: str | None = Field(None, description="HF PRM directory when prm=hf")
+
+
+class LuffyConfig(Section):
+    demos: str | None = Field(None, description="teacher trajectory file (parquet/JSONL); null with the synthetic "
+                                                "task = generate one")
+    n_prefix: int = Field(1, ge=-1, description="rows per group guided by the demonstration (-1 = all)")
+    prefix_strategy: Literal["random", "fixed", "linear", "reverse_linear", "linear_max"] = "random"
+    min_prefix_ratio: float = Field(1.0, ge=0, le=1)
+    max_prefix_ratio: float = Field(1.0, ge=0, le=1)
+    prefix_steps: int = Field(1000, gt=0, description="steps over which linear strategies move")
+    prefix_linear_max_ratio: float = Field(0.8, ge=0, le=1)
+    prefix_share_across_samples: bool = False
+    estimator: Literal["grpo_split", "grpo"] = "grpo_split"
+    use_std: bool = True
+    alpha: float = Field(1.0, description="advantage weight on prefix (off-policy) tokens")
+    beta: float = Field(1.0, description="advantage weight on other tokens")
+    off_policy_reshape: str = Field("p_div_p_0.1", description="no_reshape|logp|p_logp|square_root|pow|p_div_p_<γ>")
+    off_policy_reshape_weight: float = 0.1
+    off_policy_reshape_pow_exp: float = 0.5
+    on_policy_reshape: str = "no_reshape"
+    on_policy_reshape_weight: float = 0.1
+    on_policy_reshape_pow_exp: float = 0.5
+    off_max_clip: float | None = None
+    off_min_clip: float | None = None
+    remove_clip: bool = False
+    clip_upper_bound: float = 1.0
+    all_max_clip: float | None = None
+    use_target_probs: bool = False
+
+
+class PacsConfig(Section):
+    method: Literal[1, 2] = Field(1, description="1: β Σ(logπ_θ − logπ_old); 2: β mean logπ_θ")
+    beta: float = Field(1.0, gt=0)
+    estimator: Literal["rloo", "grpo", "naive"] = "rloo"
+    use_std: bool = True
+    weight_mode: Literal["question", "only_positive", "only_negative", "none"] = "question"
+
+
+class SftConfig(Section):
+    demos: str | None = Field(None, description="demonstration file; null with the synthetic task = generate")
+    epochs: float = Field(1.0, gt=0, description="passes over the demonstrations (bounded by learner.steps)")
+
+
+class LoggingConfig(Section):
+    output_dir: str | None = Field(None, description="run folder; null = runs/<algo>-<timestamp>")
+    tensorboard: bool = True
+    progress: Literal["auto", "bar", "plain"] = Field("auto", description="live line on a TTY, log lines otherwise")
+    log_every: int = Field(1, ge=1, description="steps between metric lines")
+
+
+class RunConfig(Section):
+    algo: Literal[ALGOS] = "grpo"  # type: ignore[valid-type]
+    seed: int = 0
+    serial: bool = Field(False, description="run actors, buffer and learner in one process (debugging)")
+    ray_address: str | None = Field(None, description="join this Ray cluster; null = start a local one")
+    resume: str | None = Field(None, description="run folder to resume from")
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    buffer: BufferConfig = BufferConfig()
+    learner: LearnerConfig = LearnerConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    loss: LossConfig = LossConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    prime: PrimeConfig = PrimeConfig()
+    pure: PureConfig = PureConfig()
+    luffy: LuffyConfig = LuffyConfig()
+    pacs: PacsConfig = PacsConfig()
+    sft: SftConfig = SftConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> RunConfig:
+        problems = list(self.problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def problems(self):
+        """Yield 'dotted.key: what is wrong — how to fix' for impossible combinations."""
+        n = self.rollout.n
+        if self.algo == "luffy" and self.luffy.demos is None and self.data.task == "file":
+            yield ("luffy.demos: LUFFY needs teacher trajectories but none were given — "
+                   "pass --demos FILE (parquet/JSONL with a `target` column)")
+        if self.algo == "luffy" and self.luffy.n_prefix >= n and self.luffy.estimator == "grpo_split":
+            yield (f"luffy.n_prefix: {self.luffy.n_prefix} guided rows leave no on-policy row in groups of "
+                   f"rollout.n={n}, so grpo_split has no baseline — set luffy.n_prefix < {n}")
+        if self.luffy.min_prefix_ratio > self.luffy.max_prefix_ratio:
+            yield "luffy.min_prefix_ratio: greater than luffy.max_prefix_ratio — swap them"
+        if self.algo == "pacs" and self.learner.micro_batch_samples % n:
+            yield (f"learner.micro_batch_samples: PACS needs whole groups per micro-batch but "
+                   f"{self.learner.micro_batch_samples} is not a multiple of rollout.n={n} — use "
+                   f"{max(n, self.learner.micro_batch_samples // n * n)}")
+        if self.buffer.acc_lo > self.buffer.acc_hi:
+            yield "buffer.acc_lo: greater than buffer.acc_hi — swap them"
+        if self.algo == "prime" and self.buffer.filter != "accuracy_window":
+            yield ("buffer.filter: PRIME trains on groups inside the accuracy window — set "
+                   "buffer.filter=accuracy_window (bounds buffer.acc_lo/acc_hi)")
+        if self.model.path is None:
+            t = self.model.tiny
+            if t.hidden_size % t.num_heads or t.hidden_size // t.num_heads != 64:
+                yield (f"model.tiny.hidden_size: head_dim = {t.hidden_size}/{t.num_heads} must be 64 for vLLM's "
+                       f"CPU attention — use hidden_size = 64 × num_heads = {64 * t.num_heads}")
+        if self.pure.prm == "hf" and self.pure.prm_path is None:
+            yield "pure.prm_path: pure.prm=hf needs a token-classification PRM directory — set pure.prm_path"
+        if self.data.task == "file" and self.data.path is None and self.algo != "sft":
+            yield "data.path: data.task=file needs a dataset — pass --data FILE or set data.task=arithmetic"
+        if self.learner.batch_prompts * n < self.learner.world_size:
+            yield (f"learner.batch_prompts: {self.learner.batch_prompts} prompts × {n} samples cannot feed "
+                   f"{self.learner.world_size} ranks — raise learner.batch_prompts")
