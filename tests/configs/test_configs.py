@@ -1,0 +1,82 @@
+"""Config schema, YAML files and the CLI's parse-time errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import algos
+from configs.loading import ConfigError, builtin_config_path, dump, resolve
+from configs.schema import ALGOS, RunConfig
+from launch.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+YAMLS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_every_algorithm_has_a_yaml_and_a_registered_spec():
+    assert {p.stem for p in YAMLS} == set(ALGOS) | {"quickstart"}
+    assert set(algos.names()) == set(ALGOS)
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[p.stem for p in YAMLS])
+def test_every_checked_in_yaml_parses(path):
+    cfg = resolve(config_file=str(path))
+    assert cfg.algo == ("grpo" if path.stem == "quickstart" else path.stem)
+    # round trip: the dumped config validates to the same object
+    assert RunConfig.model_validate(__import__("yaml").safe_load(dump(cfg))) == cfg
+
+
+def test_quickstart_equals_algo_grpo():
+    assert resolve(config_file=str(builtin_config_path("quickstart"))) == resolve("grpo")
+
+
+def test_overrides_and_flags_apply():
+    cfg = resolve("pure", flags={"buffer.max_staleness": 3, "rollout.num_actors": None},
+                  overrides=["loss.clip_high=0.28", "learner.betas=[0.9, 0.95]", "pure.credit=strict"])
+    assert cfg.buffer.max_staleness == 3 and cfg.rollout.num_actors == 2  # None flag = not given
+    assert cfg.loss.clip_high == 0.28 and cfg.learner.betas == (0.9, 0.95) and cfg.pure.credit == "strict"
+
+
+@pytest.mark.parametrize("algo,overrides,flags,message", [
+    ("pure", ["buffer.max_stalenes=2"], {}, "buffer.max_stalenes: unknown key — did you mean 'buffer.max_staleness'"),
+    ("grpo", ["buffer.max_staleness=-1"], {}, "buffer.max_staleness: Input should be greater than or equal to 0"),
+    ("grpo", ["learner.lr=fast"], {}, "learner.lr: Input should be a valid number"),
+    ("pacs", ["learner.micro_batch_samples=12"], {}, "learner.micro_batch_samples: PACS needs whole groups"),
+    ("luffy", [], {"data.path": "x.parquet", "data.task": "file"}, "luffy.demos: LUFFY needs teacher trajectories"),
+    ("luffy", ["luffy.n_prefix=8"], {}, "luffy.n_prefix: 8 guided rows leave no on-policy row"),
+    ("prime", ["buffer.filter=none"], {}, "buffer.filter: PRIME trains on groups inside the accuracy window"),
+    ("grpo", ["model.tiny.hidden_size=100"], {}, "model.tiny.hidden_size: head_dim"),
+    ("grpo", ["loss.agg=sum"], {}, "loss.agg: Input should be 'token-mean'"),
+    ("grpo", ["learner.lr.x=1"], {}, "learner.lr: is a value, not a section"),
+    ("grpo", ["nokey"], {}, "expected KEY=VALUE"),
+])
+def test_bad_configs_fail_naming_the_key(algo, overrides, flags, message):
+    with pytest.raises(ConfigError) as e:
+        resolve(algo, flags=flags, overrides=overrides)
+    assert message in str(e.value)
+
+
+def test_bad_yaml_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algo: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        resolve(config_file=str(f))
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve(config_file=str(tmp_path / "missing.yaml"))
+
+
+def test_cli_dry_run_and_errors(capsys):
+    assert main(["--algo", "pure", "--dry-run", "--max-staleness", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "algo: pure" in out and "max_staleness: 2  # K:" in out
+    assert main(["--algo", "pure", "--set", "pure.credt=strict", "--dry-run"]) == 2
+    assert "pure.credt: unknown key — did you mean 'pure.credit'?" in capsys.readouterr().err
+
+
+def test_console_script_help_lists_every_algorithm():
+    exe = Path(sys.executable).with_name("algo-train")
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    for name in ALGOS:
+        assert f"  {name} " in out
