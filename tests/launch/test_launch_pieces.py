@@ -1,0 +1,75 @@
+"""Launch helpers: resource validation, metrics files, the progress line and the plot command."""
+
+import io
+import json
+import math
+
+import pytest
+
+from configs.loading import resolve
+from launch.cli import main
+from launch.metrics import MetricsWriter, read_metrics
+from launch.progress import Progress, format_line
+from launch.resources import ResourceError, Resources, check
+
+TWO_CORES = Resources(cpus=2, gpus=0, memory_gib=24)
+
+
+def test_32_actors_on_two_cores_is_a_clear_error():
+    cfg = resolve("pure", flags={"rollout.num_actors": 32})
+    with pytest.raises(ResourceError) as e:
+        check(cfg, TWO_CORES)
+    msg = str(e.value)
+    # what was asked, what exists, what to change
+    assert "17 CPUs requested (32 actor(s) × 0.5 CPU + 1 learner rank(s) × 1 CPU)" in msg
+    assert "this machine has 2" in msg and "--actors 2" in msg and "--ray-address" in msg
+    assert "GiB of memory needed" in msg  # 32 × (1 + 1.5) + 1 = 81 GiB > 24
+
+
+def test_quickstart_fits_two_cores_and_gpu_requests_need_gpus():
+    check(resolve("grpo"), TWO_CORES)  # 2 × 0.5 + 1 = 2 CPUs
+    with pytest.raises(ResourceError, match="1 GPUs requested but this machine has 0"):
+        check(resolve("grpo", overrides=["learner.gpus_per_rank=1"]), TWO_CORES)
+
+
+def test_metrics_jsonl_and_tensorboard(tmp_path):
+    w = MetricsWriter(tmp_path, tensorboard=True)
+    w.write(1, {"reward/mean": 0.5, "loss/total": math.nan})
+    w.write(2, {"reward/mean": 0.75, "eval/accuracy": 0.4})
+    w.close()
+    rows = read_metrics(tmp_path)
+    assert rows == [{"step": 1, "reward/mean": 0.5, "loss/total": None},
+                    {"step": 2, "reward/mean": 0.75, "eval/accuracy": 0.4}]
+    assert any((tmp_path / "tb").iterdir())
+    with open(tmp_path / "metrics.jsonl", "a") as f:  # a crash mid-line must not break readers
+        f.write('{"step": 3, "rew')
+    assert len(read_metrics(tmp_path)) == 2
+    json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_progress_line_live_and_plain():
+    m = {"throughput/samples_per_s": 41.27, "reward/mean": 0.531, "staleness/mean": 0.8, "staleness/max": 2}
+    line = format_line(12, 60, m, elapsed=60.0)
+    # ETA: 60 s for 12 steps -> 5 s/step × 48 remaining = 240 s = 4m00s
+    assert line == "step 12/60 | 41.3 samples/s | reward 0.53 | eval - | stale 0.8/2 | ETA 4m00s"
+    plain = io.StringIO()
+    p = Progress(60, mode="plain", stream=plain)
+    p.update(1, {"eval/accuracy": 0.5})
+    p.update(2, {})  # the last eval accuracy is carried forward
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 2 and "eval 0.50" in lines[1] and "\r" not in plain.getvalue()
+    live = io.StringIO()
+    Progress(60, mode="bar", stream=live).update(1, {})
+    assert live.getvalue().startswith("\r\x1b[2K")
+
+
+def test_plot_command_writes_png(tmp_path):
+    for name, acc in (("a", 0.3), ("b", 0.6)):
+        w = MetricsWriter(tmp_path / name, tensorboard=False)
+        for s in range(1, 4):
+            w.write(s, {"reward/mean": acc + 0.1 * s, "eval/accuracy": acc, "staleness/mean": 1.0})
+        w.close()
+    out = tmp_path / "curves.png"
+    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    assert main(["plot", str(tmp_path / "missing")]) == 2
