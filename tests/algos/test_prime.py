@@ -1,0 +1,284 @@
+"""PRIME: reference vectors (prime_*.json), brute-force baselines, hand-computed goldens, edge cases, spec."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import algos
+from algos.aggregation import LossNorm
+from algos.prime import accuracy_group_filter, prime_advantage, prime_requirements, rloo_process_rewards
+from algos.prime_prm import (
+    dpo_accuracy,
+    implicit_process_reward,
+    implicit_q,
+    normalize_process_reward,
+    prm_ce_loss,
+    process_reward_scale,
+)
+from algos.registry import LossContext, StepBatch
+from tests.vectors import assert_close, cases
+
+# ---------------------------------------------------------------- reference vectors
+
+
+@pytest.mark.parametrize("case", cases("prime_orig_implicit_reward.json"))
+def test_implicit_reward_vectors(case):
+    i, out = case["inputs"], case["outputs"]
+    width = i["responses_shape"][1]
+    mask = i["attention_mask"][:, -width:].float()
+    q = implicit_q(i["log_probs"], i["ref_log_probs"], mask)
+    assert_close(q, out["q"])
+    # PRIME-orig uses q itself (raw_q), at every token or summed at the last one.
+    score = implicit_process_reward(q, mask, raw_q=True, granularity=case["config"]["prime_granularity"])
+    assert_close(score, out["token_level_score"])
+
+
+@pytest.mark.parametrize("case", cases("prime_norm.json"))
+def test_norm_vectors(case):
+    x = case["inputs"]["token_level_scores"]
+    got = normalize_process_reward(x, None, case["config"]["prime_norm"])
+    assert_close(got, case["outputs"]["normalized"])
+
+
+@pytest.mark.parametrize("case", cases("prime_orig_ce_loss.json"))
+def test_ce_loss_and_dpo_acc_vectors(case):
+    i, cfg, out = case["inputs"], case["config"], case["outputs"]
+    mask = i["response_mask"].float()
+    if "loss" in out:
+        assert_close(prm_ce_loss(i["q"], i["acc"], mask, cfg["beta"]), out["loss"])
+    else:
+        n = cfg["n_samples"]
+        gid = torch.arange(i["acc"].shape[0]) // n
+        assert_close(dpo_accuracy(i["token_level_scores"], i["acc"], mask, gid), out["dpo_acc"])
+
+
+@pytest.mark.parametrize("case", cases("prime_orig_filter.json"))
+def test_filter_vectors(case):
+    i, cfg = case["inputs"], case["config"]
+    # Same layout as prime_orig_implicit_reward.json: 3 prompt columns, 8 response columns.
+    mask = i["attention_mask"][:, -8:]
+    gid = torch.arange(i["acc"].shape[0]) // cfg["n_samples"]
+    keep = accuracy_group_filter(
+        i["acc"], gid, cfg["accuracy_lower_bound"], cfg["accuracy_upper_bound"],
+        filter_accuracy=cfg["filter_accuracy"], response_mask=mask,
+        max_response_length=cfg["max_response_length"] if cfg["filter_truncated"] else None)
+    assert torch.equal(keep, case["outputs"]["keep_mask"])
+
+
+# ---------------------------------------------------------------- brute force
+
+
+def _brute_seed(r, mask, gid, c_gt, c_pr, gamma, v):
+    b, t = r.shape
+    out = torch.zeros(b, t, dtype=torch.float64)
+    for i in range(b):
+        others = [j for j in range(b) if gid[j] == gid[i] and j != i]
+        means = [sum(r[j, u].item() for u in range(t) if mask[j, u]) / max(1, int(mask[j].sum()))
+                 for j in others]
+        pbase = sum(means) / len(means) if others else 0.0
+        vbase = sum(v[j].item() for j in others) / len(others) if others else 0.0
+        for s in range(t):
+            if not mask[i, s]:
+                continue
+            acc = 0.0
+            for k in range(s, t):
+                if mask[i, k]:
+                    acc += gamma ** (k - s) * (r[i, k].item() - pbase)
+            out[i, s] = c_gt * (v[i].item() - vbase) + c_pr * acc
+    return out
+
+
+def _random_batch(seed, b=9, t=7):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, t + 1, (b,), generator=g)
+    lengths[0] = t
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
+    r = torch.randn(b, t, generator=g) * mask
+    gid = torch.tensor([0, 0, 0, 0, 1, 1, 2, 3, 3])[:b]
+    v = torch.randint(0, 2, (b,), generator=g).float()
+    return r, mask, gid, v
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_seed_process_baseline_equals_brute_force_loo(seed, gamma):
+    r, mask, gid, v = _random_batch(seed)
+    _, returns = prime_advantage(r, mask, v, gid, c_gt=2.0, c_pr=3.0, gamma=gamma, do_whiten=False)
+    expected = _brute_seed(r.double(), mask, gid, 2.0, 3.0, gamma, v.double())
+    assert_close(returns, expected.float())
+
+
+def test_reference_baseline_matches_its_formula():
+    r, mask, gid, v = _random_batch(7)
+    got = rloo_process_rewards(r, mask, gid, "reference")
+    for i in range(r.shape[0]):
+        members = (gid == gid[i]).nonzero().squeeze(-1).tolist()
+        n = len(members)
+        s = sum((r[j] * mask[j]).sum().item() / max(1.0, mask[j].sum().item()) for j in members)
+        for t in range(r.shape[1]):
+            want = 0.0 if not mask[i, t] else (r[i, t].item() if n == 1 else (n * r[i, t].item() - s) / (n - 1))
+            assert abs(got[i, t].item() - want) < 1e-5
+
+
+# ---------------------------------------------------------------- hand-computed goldens
+
+
+def test_golden_two_row_group_seed_vs_reference():
+    # Group of 2: row 0 r = [1, 2] (2 tokens), row 1 r = [3] (1 token); v = (1, 0); c = 1, γ = 1.
+    # m_0 = 1.5, m_1 = 3.  Outcome RLOO: row 0: 1 − 0 = 1, row 1: 0 − 1 = −1.
+    # seed: row 0 x' = [1−3, 2−3] = [−2, −1] -> suffix [−3, −1] -> +1 = [−2, 0];
+    #       row 1 x' = [3 − 1.5] = [1.5] -> −1 = [0.5].
+    # reference: x' = (2x − 4.5)/1: row 0 [−2.5, −0.5] -> suffix [−3, −0.5] -> +1 = [−2, 0.5];
+    #       row 1 [1.5] -> 0.5.
+    r = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    gid, v = torch.tensor([0, 0]), torch.tensor([1.0, 0.0])
+    kw = dict(c_gt=1.0, c_pr=1.0, do_whiten=False)
+    _, seed = prime_advantage(r, mask, v, gid, process_baseline="seed", **kw)
+    _, ref = prime_advantage(r, mask, v, gid, process_baseline="reference", **kw)
+    assert_close(seed * mask, torch.tensor([[-2.0, 0.0], [0.5, 0.0]]))
+    assert_close(ref * mask, torch.tensor([[-2.0, 0.5], [0.5, 0.0]]))
+
+
+def test_golden_whitened_advantage():
+    # returns of the seed example above on the 3 tokens: [−2, 0, 0.5]; mean −0.5,
+    # var (Bessel) = (2.25 + 0.25 + 1)/2 = 1.75 -> A = (R + 0.5)/sqrt(1.75).
+    r = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv, _ = prime_advantage(r, mask, torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), c_gt=1.0, c_pr=1.0)
+    s = 1.75 ** 0.5
+    assert_close(adv * mask, torch.tensor([[-1.5 / s, 0.5 / s], [1.0 / s, 0.0]]))
+
+
+def test_golden_implicit_reward_beta_whole_and_norm():
+    # q = [[1, −2, 4], [3, pad, pad]]; β = 0.5: token r = [[0.5, −1, 2], [1.5]];
+    # whole: row sums 1.5 at index 2 and 1.5 at index 0.
+    q = torch.tensor([[1.0, -2.0, 4.0], [3.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    tok = implicit_process_reward(q, mask, beta=0.5)
+    assert_close(tok, torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, 0.0]]))
+    whole = implicit_process_reward(q, mask, beta=0.5, granularity="whole")
+    assert_close(whole, torch.tensor([[0.0, 0.0, 1.5], [1.5, 0.0, 0.0]]))
+    # suffix sums of tok: row 0 [1.5, 1, 2], row 1 [1.5] -> max |.| = 2 -> divide by 2 + 1e-6.
+    assert_close(normalize_process_reward(tok, mask), tok / (2.0 + 1e-6))
+    # two local shards (one row each): row 0 / 2, row 1 / 1.5.
+    assert_close(process_reward_scale(tok, mask, "batch_norm_local", 2), torch.tensor([2.0, 1.5]) + 1e-6)
+
+
+def test_golden_dpo_acc_and_ce():
+    # Group 0: acc [1, .5, 0], Q [3, 1, 2]: pairs (0,1) Δacc .5 agree, (0,2) 1 agree, (1,2) .5 disagree
+    #          -> 1.5 / 2 = 0.75.  Group 1: acc [1, 1] -> no differing pair -> 0.5.  Mean 0.625.
+    scores = torch.tensor([[3.0], [1.0], [2.0], [5.0], [0.0]])
+    acc = torch.tensor([1.0, 0.5, 0.0, 1.0, 1.0])
+    mask = torch.ones(5, 1)
+    assert_close(dpo_accuracy(scores, acc, mask, torch.tensor([0, 0, 0, 1, 1])), torch.tensor(0.625))
+    # CE with β = 1 on Q = [0] and acc 1: −log σ(0) = log 2.
+    assert_close(prm_ce_loss(torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), 1.0), torch.tensor(0.6931472))
+
+
+def test_filter_inclusive_bounds_and_noncontiguous_groups():
+    # n = 5: mean 0.2 and 0.8 are kept (inclusive); 0 and 1 dropped. Groups interleaved.
+    acc = torch.tensor([1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.float32)
+    gid = torch.arange(20) % 4
+    # group 0: rows 0,4,8,12,16 -> acc 1,1,0,1,0 -> 0.6; group 1: 0,1,0,1,0 -> 0.4;
+    # group 2: 1,1,0,1,0 -> 0.6; group 3: 1,0,1,0,0 -> 0.4.
+    assert accuracy_group_filter(acc, gid).all()
+    acc2 = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0], dtype=torch.float32)
+    gid2 = torch.tensor([0] * 5 + [1] * 5)
+    keep = accuracy_group_filter(acc2, gid2)  # 0.8 kept, 0.0 dropped
+    assert keep.tolist() == [True] * 5 + [False] * 5
+    acc3 = torch.tensor([1, 0, 0, 0, 0], dtype=torch.float32)
+    assert accuracy_group_filter(acc3, torch.zeros(5, dtype=torch.int64)).all()  # 0.2 kept
+
+
+# ---------------------------------------------------------------- edge cases
+
+
+def test_singleton_and_empty_rows_are_finite():
+    # Row 0 is a singleton group (baselines 0: returns = c_gt·v + c_pr·suffix(r));
+    # rows 1, 2 form a group where row 2 is empty (m = 0, its returns stay 0).
+    r = torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    gid, v = torch.tensor([0, 1, 1]), torch.tensor([1.0, 1.0, 0.0])
+    adv, ret = prime_advantage(r, mask, v, gid, c_gt=1.0, c_pr=1.0)
+    assert torch.isfinite(adv).all()
+    # row 1: process 2 − m_2 (0) = 2, outcome 1 − 0 = 1 -> 3.
+    assert_close(ret, torch.tensor([[3.0, 2.0], [3.0, 0.0], [0.0, 0.0]]))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="granularity"):
+        implicit_process_reward(torch.zeros(1, 2), torch.ones(1, 2), granularity="step")
+    with pytest.raises(ValueError, match="norm"):
+        normalize_process_reward(torch.zeros(1, 2), None, "layer_norm")
+    with pytest.raises(ValueError, match="process_baseline"):
+        rloo_process_rewards(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, dtype=torch.int64), "loo")
+    with pytest.raises(ValueError, match="at least 2"):  # whitening one token
+        prime_advantage(torch.ones(1, 2), torch.tensor([[1.0, 0.0]]), torch.ones(1), torch.zeros(1, dtype=torch.int64))
+    assert normalize_process_reward(torch.zeros(2, 3), None).abs().sum() == 0  # all-zero: no NaN
+
+
+# ---------------------------------------------------------------- spec end to end
+
+
+def _cfg(**prime):
+    base = dict(beta=0.05, raw_q=False, granularity="token", acc_lo=0.2, acc_hi=0.8, norm="batch_norm",
+                norm_shards=1, c_gt=5.0, c_pr=5.0, gamma=1.0, whiten=True, process_baseline="seed",
+                update="single", ref="freeze", prm_lr=1e-6, prm_grad_clip=10.0)
+    base.update(prime)
+    loss = SimpleNamespace(agg="token-mean", clip_low=0.2, clip_high=0.2, dual_clip=None, is_correction="tis",
+                           is_cap=2.0, is_mask_low=0.5, is_mask_high=5.0, entropy_coef=0.0, kl_coef=0.0,
+                           kl_estimator="k1")
+    return SimpleNamespace(loss=loss, prime=SimpleNamespace(**base))
+
+
+def _batch(b=8, t=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([6, 4, 5, 2, 6, 3, 1, 6])[:b]
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).float()
+    old = -torch.rand(b, t, generator=g) * mask
+    return StepBatch(
+        response_mask=mask, prefix_mask=torch.zeros(b, t, dtype=torch.bool),
+        group_index=torch.arange(b) // 4, rewards=torch.tensor([1.0, 0, 1, 0, 0, 0, 1, 1])[:b],
+        old_logprobs=old, behav_logprobs=old + 0.05 * torch.randn(b, t, generator=g) * mask,
+        ref_logprobs=old - 0.1 * mask, extras={"prime_q": torch.randn(b, t, generator=g) * mask})
+
+
+@pytest.mark.parametrize("opts", [{}, {"process_baseline": "reference", "raw_q": True, "norm": "none"},
+                                  {"granularity": "whole", "norm": "batch_norm_local", "norm_shards": 2,
+                                   "gamma": 0.9, "whiten": False}])
+def test_spec_end_to_end(opts):
+    cfg = _cfg(**opts)
+    spec = algos.get("prime")
+    assert spec.requires(cfg) == {"prime_q"}
+    cfg.loss.kl_coef = 0.1
+    assert prime_requirements(cfg) == {"prime_q", "ref_logprobs"}
+    batch = _batch()
+    adv, metrics = spec.advantage(batch, cfg)
+    assert adv.shape == batch.response_mask.shape and torch.isfinite(adv).all()
+    assert (adv[batch.response_mask == 0] == 0).all()
+    assert adv.abs().sum() > 0
+    for key in ("prime/dpo_acc", "prime/norm_scale", "prime/reward_mean"):
+        assert torch.isfinite(metrics[key])
+    logprobs = (batch.old_logprobs + 0.01).clone().requires_grad_(True)
+    ctx = LossContext(logprobs=logprobs, entropy=torch.rand(8, 6) + logprobs * 0, batch=batch,
+                      advantages=adv, norm=LossNorm.local(batch.response_mask))
+    total = 0.0
+    for comp in spec.losses:
+        term = comp.fn(ctx, cfg)
+        assert torch.isfinite(term.loss)
+        total = total + comp.weight(cfg) * term.loss + term.loss * 0
+    total.backward()
+    assert torch.isfinite(logprobs.grad).all() and logprobs.grad.abs().sum() > 0
+
+
+def test_spec_rejects_missing_or_bad_q():
+    spec, cfg = algos.get("prime"), _cfg()
+    batch = _batch()
+    batch.extras = {}
+    with pytest.raises(ValueError, match="prime_q"):
+        spec.advantage(batch, cfg)
+    batch.extras = {"prime_q": torch.zeros(8, 5)}
+    with pytest.raises(ValueError, match="shape"):
+        spec.advantage(batch, cfg)
