@@ -153,12 +153,12 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
     m = batch.response_mask.float()
     q = _check_q(batch)
     r = implicit_process_reward(q, m, pc.beta, pc.raw_q, pc.granularity)
-    shards = getattr(pc, "norm_shards", 1)
+    shards = pc.norm_shards
     scale = process_reward_scale(r, m, pc.norm, shards)
     r = normalize_process_reward(r, m, pc.norm, shards)
     adv, returns = prime_advantage(
         r, m, batch.rewards.float(), batch.group_index,
-        c_gt=pc.c_gt, c_pr=pc.c_pr, gamma=pc.gamma, outcome_gamma=getattr(pc, "outcome_gamma", 1.0),
+        c_gt=pc.c_gt, c_pr=pc.c_pr, gamma=pc.gamma, outcome_gamma=pc.outcome_gamma,
         do_whiten=pc.whiten, process_baseline=pc.process_baseline,
     )
     acc = batch.rewards.float()

@@ -141,6 +141,7 @@ class PrimeConfig(Section):
     c_gt: float = Field(5.0, description="outcome (verifier) coefficient")
     c_pr: float = Field(5.0, description="process (implicit PRM) coefficient")
     gamma: float = Field(1.0, gt=0, le=1, description="discount of process returns")
+    outcome_gamma: float = Field(1.0, gt=0, le=1, description="discount of the outcome return (PRIME-orig's verifier γ)")
     whiten: bool = True
     process_baseline: Literal["seed", "reference"] = "seed"
     update: Literal["single", "double"] = "single"
@@ -190,6 +191,8 @@ class LuffyConfig(Section):
     clip_upper_bound: float = 1.0
     all_max_clip: float | None = None
     use_target_probs: bool = False
+    filter_extreme_groups: bool = Field(True, description="zero the advantage of all-0/all-1 groups (the buffer's "
+                                                          "filter=extreme drops them before training)")
 
 
 class PacsConfig(Section):
@@ -198,6 +201,8 @@ class PacsConfig(Section):
     estimator: Literal["rloo", "grpo", "naive"] = "rloo"
     use_std: bool = True
     weight_mode: Literal["question", "only_positive", "only_negative", "none"] = "question"
+    masked_score: bool = Field(True, description="sum log-probs over response tokens only (false = reference's "
+                                                 "unmasked sum over the padded width)")
 
 
 class SftConfig(Section):

@@ -1,6 +1,5 @@
 """PRIME: reference vectors (prime_*.json), brute-force baselines, hand-computed goldens, edge cases, spec."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from algos.prime_prm import (
     process_reward_scale,
 )
 from algos.registry import LossContext, StepBatch
+from tests.algos.cfg import make_cfg
 from tests.vectors import assert_close, cases
 
 # ---------------------------------------------------------------- reference vectors
@@ -223,14 +223,7 @@ def test_errors():
 
 
 def _cfg(**prime):
-    base = dict(beta=0.05, raw_q=False, granularity="token", acc_lo=0.2, acc_hi=0.8, norm="batch_norm",
-                norm_shards=1, c_gt=5.0, c_pr=5.0, gamma=1.0, whiten=True, process_baseline="seed",
-                update="single", ref="freeze", prm_lr=1e-6, prm_grad_clip=10.0)
-    base.update(prime)
-    loss = SimpleNamespace(agg="token-mean", clip_low=0.2, clip_high=0.2, dual_clip=None, is_correction="tis",
-                           is_cap=2.0, is_mask_low=0.5, is_mask_high=5.0, entropy_coef=0.0, kl_coef=0.0,
-                           kl_estimator="k1")
-    return SimpleNamespace(loss=loss, prime=SimpleNamespace(**base))
+    return make_cfg("prime", **prime)
 
 
 def _batch(b=8, t=6, seed=0):

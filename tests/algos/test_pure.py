@@ -1,7 +1,6 @@
 """PURE: min-form vectors, step splitting, strict min-form brute force, baselines, fusion, spec."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from algos.pure_steps import (
     strict_min_returns,
 )
 from algos.registry import LossContext, StepBatch
+from tests.algos.cfg import make_cfg
 from tests.vectors import assert_close, cases
 
 # ---------------------------------------------------------------- reference vectors
@@ -235,13 +235,7 @@ def test_check_step_ends():
 
 
 def _cfg(**pure):
-    base = dict(credit="minform", temperature=0.1, gamma=1.0, c_pr=1.0, c_vr=1.0, baseline="token", whiten=False,
-                zero_separators=True, zero_final=False, kl_coef=0.0)
-    base.update(pure)
-    loss = SimpleNamespace(agg="token-mean", clip_low=0.2, clip_high=0.2, dual_clip=None, is_correction="tis",
-                           is_cap=2.0, is_mask_low=0.5, is_mask_high=5.0, entropy_coef=0.0, kl_coef=0.0,
-                           kl_estimator="k1")
-    return SimpleNamespace(loss=loss, pure=SimpleNamespace(**base))
+    return make_cfg("pure", **pure)
 
 
 _TEXTS = ["1+1=2\n\n2+2=4", "3+3=6\n\n", "x", "a\n\nb\n\nc", "9\n\n9", "12+1=13", "", "5\n\n\n\n6"]
