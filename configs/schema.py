@@ -26,7 +26,7 @@ class TinyModelConfig(Section):
     hidden_size: int = Field(128, gt=0, description="hidden width (head_dim = hidden_size / num_heads must be 64 for vLLM CPU)")
     num_layers: int = Field(2, gt=0, description="transformer blocks")
     num_heads: int = Field(2, gt=0, description="attention heads")
-    intermediate_size: int = Field(512, gt=0, description="MLP width")
+    intermediate_size: int = Field(384, gt=0, description="MLP width")
     max_position_embeddings: int = Field(512, gt=0, description="context length in tokens")
 
 
