@@ -1,0 +1,106 @@
+"""The model a run starts from: a local HF directory, or the built-in tiny model warmed up with SFT.
+
+The tiny model (tasks.build_tiny_model) is random; RL from random weights would never see a reward.
+So it is first trained with SFT (the same learner and `sft` algorithm users run) on noisy synthetic
+demonstrations — a share `model.sft_error_rate` of them hold one slip — which leaves it at a middling
+held-out accuracy that RL must then raise. Both steps are cached under `model.cache_dir`, keyed by
+everything that determines them, so only the first run pays (seconds for the build, ~a minute for SFT).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from buffer.records import DEMO_VERSION, Group, Sample
+from configs.schema import RunConfig
+
+
+def _key(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def demo_group(prompt_ids, demo_ids: np.ndarray, index: int) -> Group:
+    """A one-row group whose response is a demonstration (SFT trains on it; no behaviour policy)."""
+    t = len(demo_ids)
+    sample = Sample(tokens=np.asarray(demo_ids, dtype=np.int32), logprobs=np.zeros(t, np.float32),
+                    versions=np.full(t, DEMO_VERSION, np.int32), prefix_mask=np.ones(t, bool), reward=1.0,
+                    finish_reason="demo")
+    return Group(group_id=f"demo-{index}", prompt_index=index, prompt_tokens=np.asarray(prompt_ids, np.int32),
+                 samples=[sample])
+
+
+def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], prompts: dict[int, tuple[int, ...]],
+            steps: int, out_dir: Path, log=print) -> Path:
+    """`steps` optimiser steps of SFT (cfg.algo must be 'sft') on `demos`; saves an HF dir at `out_dir`."""
+    from learner.learner import Learner
+
+    learner = Learner(cfg, rank=0, world_size=1, model_dir=model_dir)
+    rng = random.Random(cfg.seed)
+    keys = sorted(demos)
+    per_step = cfg.learner.batch_prompts
+    order: list[int] = []
+    for step in range(steps):
+        if len(order) < per_step:
+            more = keys[:]
+            rng.shuffle(more)
+            order += more
+        batch, order = order[:per_step], order[per_step:]
+        metrics = learner.step([demo_group(prompts[i], demos[i], i) for i in batch], version=step)
+        if step % max(1, steps // 10) == 0 or step == steps - 1:
+            log(f"[sft] step {step + 1}/{steps} nll {metrics.get('sft/nll', metrics.get('loss/total')):.4f}")
+    learner.save(out_dir)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the one-rank learner made a private process group
+        dist.destroy_process_group()
+    return out_dir
+
+
+def prepare_model(cfg: RunConfig, log=print) -> Path:
+    """Directory of the starting policy: `model.path`, or the cached SFT-warmed tiny model."""
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path: {path} is not an HF model directory (no config.json)")
+        return path
+    from configs.loading import resolve
+    from tasks import build_tiny_model, demonstration_records, make_splits
+
+    t = cfg.model.tiny
+    base_key = _key({"tiny": t.model_dump(), "seed": cfg.seed})
+    root = Path(cfg.model.cache_dir)
+    init = build_tiny_model(root / f"tiny-{base_key}", seed=cfg.seed, hidden_size=t.hidden_size,
+                            num_heads=t.num_heads, num_layers=t.num_layers, intermediate_size=t.intermediate_size,
+                            max_position_embeddings=t.max_position_embeddings)
+    if cfg.model.sft_warmup_steps == 0:
+        return init
+    sft_cfg = resolve("sft", flags={"model.dtype": cfg.model.dtype, "seed": cfg.seed,
+                                    "learner.steps": cfg.model.sft_warmup_steps})
+    sft_cfg.data = cfg.data.model_copy(deep=True)
+    warm_key = _key({"base": base_key, "learner": sft_cfg.learner.model_dump(), "data": cfg.data.model_dump(),
+                     "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype})
+    out = root / f"tiny-{base_key}-sft-{warm_key}"
+    if (out / "learner_state.json").is_file():
+        return out
+    log(f"[model] warming the tiny model up with {cfg.model.sft_warmup_steps} SFT steps on noisy demonstrations "
+        f"(error rate {cfg.model.sft_error_rate:g}); cached in {out}")
+    from actors.prompts import encode_prompt, load_tokenizer
+    from launch.data import arithmetic_config, tokenize_demos
+
+    tokenizer = load_tokenizer(str(init))
+    train, _ = make_splits(cfg.data.train_prompts, cfg.data.eval_prompts, seed=cfg.data.seed,
+                           config=arithmetic_config(cfg))
+    records = demonstration_records(train, error_rate=cfg.model.sft_error_rate, seed=cfg.data.seed)
+    demos = tokenize_demos(records, records, tokenizer, Path("synthetic demonstrations"))
+    prompts = {i: tuple(encode_prompt(tokenizer, records[i].prompt)) for i in demos}
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run_sft(sft_cfg, init, demos, prompts, cfg.model.sft_warmup_steps, tmp, log)
+    tmp.rename(out)
+    return out

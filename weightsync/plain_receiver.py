@@ -1,0 +1,128 @@
+"""A receiver without vLLM: same rendezvous, framing, unpacking and acknowledgements as the vLLM path.
+
+Why: the sender's failure handling and throughput can be tested and benchmarked with receivers that
+are cheap to start (no engine), e.g. for a 0.5B model on a 2-core box where two vLLM engines plus a
+learner do not fit, and in fast tests that kill or freeze a receiver mid-push. The received tensors
+are copied into a persistent ``{name: tensor}`` dict, which stands in for ``model.load_weights``.
+
+Run as a process: ``python -m weightsync.plain_receiver --host H --port P --name N [--pushes K]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from weightsync.packing import unpack_bucket
+from weightsync.protocol import (
+    Heartbeat,
+    WeightSyncError,
+    abort_probe,
+    connect_store,
+    get_json,
+    iter_buckets,
+    key_ack,
+    key_nack,
+    key_progress,
+    key_push,
+    key_rank,
+    key_worker,
+    new_gloo_group,
+    process_info,
+    set_json,
+)
+
+
+class PlainReceiver:
+    def __init__(self, host: str, port: int, *, name: str, checksum: bool = False):
+        self.host, self.port, self.name = host, int(port), name
+        self.checksum = checksum
+        self.weights: dict[str, torch.Tensor] = {}
+        self.version: int | None = None
+        self.rank: int | None = None
+        self._seq = 0
+
+    def init(self) -> int:
+        store = connect_store(self.host, self.port, 300.0)
+        cfg = get_json(store, "config")
+        world = int(cfg["world_size"])
+        rank = store.add("rank_counter", 1)
+        if rank >= world:
+            raise WeightSyncError(f"{self.name}: all {world - 1} receiver ranks are taken")
+        set_json(store, key_rank(rank), process_info(self.name))
+        set_json(store, key_worker(rank), process_info(self.name))
+        self.timeout_s = float(cfg["timeout_s"])
+        self._heartbeat = Heartbeat(self.host, self.port, rank)
+        self._pg = new_gloo_group(store, rank, world, self.timeout_s,
+                                  connect_timeout_s=float(cfg["connect_timeout_s"]))
+        store.set_timeout(timedelta(seconds=self.timeout_s))
+        self._store, self.rank = store, rank
+        return rank
+
+    def wait_for_push(self, timeout_s: float | None = None) -> int | None:
+        key = key_push(self._seq + 1)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if left <= 0:
+                return None
+            try:
+                self._store.wait([key], timedelta(seconds=left))  # wakes as soon as the key is set
+            except dist.DistStoreError:
+                continue
+            return int(get_json(self._store, key)["version"])
+
+    def apply_push(self) -> dict:
+        seq = self._seq + 1
+        version = int(get_json(self._store, key_push(seq))["version"])
+        self._seq = seq
+        t0 = time.monotonic()
+        total = 0.0
+        try:
+            for b in iter_buckets(self._pg, self.timeout_s, aborted=abort_probe(self._store, seq)):
+                if (b.header.seq, b.header.version) != (seq, version):
+                    raise WeightSyncError(f"{self.name}: got push #{b.header.seq} v{b.header.version}, "
+                                          f"expected #{seq} v{version}")
+                for name, t in unpack_bucket(b.header, b.payload):
+                    dst = self.weights.get(name)
+                    if dst is None or dst.shape != t.shape or dst.dtype != t.dtype:
+                        self.weights[name] = dst = torch.empty_like(t)
+                    dst.copy_(t)
+                    if self.checksum:
+                        total += float(t.double().sum())
+                self._store.add(key_progress(seq, self.rank), 1)
+        except BaseException as e:
+            self.version = None
+            set_json(self._store, key_nack(seq, self.rank), {"error": repr(e)[:2000]})
+            raise
+        self.version = version
+        ack = {"version": str(version), "seconds": time.monotonic() - t0}
+        if self.checksum:
+            ack["checksum"] = total
+        set_json(self._store, key_ack(seq, self.rank), ack)
+        return ack
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--pushes", type=int, default=1, help="pushes to apply before exiting")
+    ap.add_argument("--checksum", action="store_true", help="report the sum of received values in acks")
+    args = ap.parse_args(argv)
+    rx = PlainReceiver(args.host, args.port, name=args.name, checksum=args.checksum)
+    rx.init()
+    for _ in range(args.pushes):
+        rx.wait_for_push()
+        rx.apply_push()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

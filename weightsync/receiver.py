@@ -1,0 +1,207 @@
+"""Actor side of the weight sync: drives one vLLM ``AsyncLLM`` through vLLM's native weight-transfer API.
+
+Why a helper: every actor must perform the same sequence, in the same order, for every push the
+learner announces, and must never leave its engine paused:
+
+    pause_generation(mode="keep")      in-flight requests are frozen, not aborted
+    start_weight_update()              our "gloo" engine (weightsync.gloo_engine) starts a reload
+    update_weights({version, seq})     the worker receives the buckets and loads them
+    finish_weight_update(str(version)) reload finalised; the engine now reports the version
+    resume_generation()                in ``finally``: also after a failure
+then it acknowledges the version the engine reports (or the error) to the learner's store.
+
+The engine must be built with ``weight_transfer_config=WeightTransferConfig(backend="gloo")`` (see
+``engine_args_kwargs``) and the ``weightsync`` package installed so vLLM loads our plugin.
+
+Usage inside an actor process::
+
+    rx = WeightReceiver(engine, host, port, name="actor-3", initial_version=0)
+    await rx.init()                                   # joins the learner's transfer group
+    asyncio.create_task(rx.run())                     # applies every push as it is announced
+    ... stamp generated tokens with rx.version ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from weightsync.protocol import (
+    BACKEND_NAME,
+    WeightSyncError,
+    connect_store,
+    get_json,
+    key_ack,
+    key_nack,
+    key_push,
+    key_rank,
+    process_info,
+    set_json,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def engine_args_kwargs() -> dict:
+    """Extra ``AsyncEngineArgs`` keyword arguments that enable our transfer engine."""
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    return {"weight_transfer_config": WeightTransferConfig(backend=BACKEND_NAME)}
+
+
+class WeightReceiver:
+    """Receives the learner's weight pushes into ``engine`` (an ``AsyncLLM`` / vLLM ``EngineClient``).
+
+    ``clear_cache=True`` (default) drops the KV/prefix cache when pausing: kept requests are then
+    recomputed with the new weights on resume, and no new request reuses a prefix computed with the
+    old ones. ``version`` is the version the engine serves, ``None`` after a failed push (the
+    model may then mix two versions until the next successful one).
+    """
+
+    def __init__(self, engine, host: str, port: int, *, name: str, initial_version: int | None = 0,
+                 clear_cache: bool = True, on_update: Callable[[int], Awaitable[None] | None] | None = None):
+        self.engine = engine
+        self.host, self.port = host, int(port)
+        self.name = name
+        self.version: int | None = initial_version
+        self.clear_cache = clear_cache
+        self.on_update = on_update
+        self.rank: int | None = None
+        self.last_pause: tuple[float, float] | None = None  # (paused_at, resumed_at), time.monotonic()
+        self._store = None
+        self._seq = 0
+        self._config: dict = {}
+
+    async def init(self, host: str | None = None, port: int | None = None) -> int:
+        """Register with the learner's store and join the transfer group; returns this rank.
+
+        After a failed push the old group is unusable: the learner starts a new ``WeightSender`` and
+        every surviving actor calls ``init(new_host, new_port)`` again (stop ``run`` first)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if host is not None:
+            self.host = host
+        if port is not None:
+            self.port = int(port)
+        self._seq = 0
+        store = await asyncio.to_thread(connect_store, self.host, self.port, 300.0)
+        self._config = await asyncio.to_thread(get_json, store, "config")
+        world = int(self._config["world_size"])
+        rank = await asyncio.to_thread(store.add, "rank_counter", 1)
+        if rank >= world:
+            raise WeightSyncError(f"{self.name}: sender at {self.host}:{self.port} expects {world - 1} "
+                                  f"receivers and all ranks are taken")
+        await asyncio.to_thread(set_json, store, key_rank(rank), process_info(self.name))
+        store.set_timeout(timedelta(seconds=float(self._config["timeout_s"])))
+        self._store, self.rank = store, rank
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info={
+            "host": self.host, "port": self.port, "rank": rank, "world_size": world,
+            "timeout_s": float(self._config["timeout_s"]),
+            "connect_timeout_s": float(self._config["connect_timeout_s"]), "name": self.name,
+        }))
+        return rank
+
+    async def wait_for_push(self, timeout_s: float | None = None) -> int | None:
+        """Version of the next announced push, or ``None`` if none was announced within ``timeout_s``."""
+        self._require_init()
+        key = key_push(self._seq + 1)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            # A server-side wait (wakes as soon as the key is set) in slices of <= 0.5 s, so the
+            # caller can be cancelled; a timed-out slice raises DistStoreError, anything else
+            # (the learner's store is gone) propagates.
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                return None
+            try:
+                await asyncio.to_thread(self._store.wait, [key], timedelta(seconds=left))
+            except dist.DistStoreError:
+                continue
+            return int((await asyncio.to_thread(get_json, self._store, key))["version"])
+
+    async def apply_push(self) -> int:
+        """Load the next announced push (call after ``wait_for_push``); returns its version."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self._require_init()
+        seq = self._seq + 1
+        version = int((await asyncio.to_thread(get_json, self._store, key_push(seq)))["version"])
+        self._seq = seq
+        t0 = time.monotonic()
+        marks: dict[str, float] = {}
+        try:
+            await self.engine.pause_generation(mode="keep", clear_cache=self.clear_cache)
+            t_paused = marks["pause"] = time.monotonic()
+            try:
+                await self.engine.start_weight_update()
+                marks["start"] = time.monotonic()
+                await self.engine.update_weights(
+                    WeightTransferUpdateRequest(update_info={"version": version, "seq": seq}))
+                marks["update"] = time.monotonic()
+                await self.engine.finish_weight_update(weight_version=str(version))
+                marks["finish"] = time.monotonic()
+            finally:
+                await self._resume()
+                self.last_pause = (t_paused, marks.setdefault("resume", time.monotonic()))
+            loaded = await self.engine.get_weight_version()
+        except Exception as e:
+            self.version = None
+            await asyncio.to_thread(set_json, self._store, key_nack(seq, self.rank), {"error": repr(e)[:2000]})
+            raise WeightSyncError(f"{self.name}: loading version {version} failed: {e!r}") from e
+        except BaseException:  # cancelled mid-update: the engine may hold a partial update
+            self.version = None
+            raise
+        self.version = version
+        prev, phases = t0, {}
+        for phase, t in marks.items():  # seconds spent in each step, in order
+            phases[phase], prev = t - prev, t
+        await asyncio.to_thread(set_json, self._store, key_ack(seq, self.rank), {
+            "version": loaded, "seconds": time.monotonic() - t0,
+            "paused_s": self.last_pause[1] - self.last_pause[0], "phases": phases})
+        if self.on_update is not None:
+            r = self.on_update(version)
+            if asyncio.iscoroutine(r):
+                await r
+        return version
+
+    async def _resume(self) -> None:
+        try:
+            await self.engine.resume_generation()
+        except Exception:
+            logger.exception("%s: resume_generation failed after a weight update", self.name)
+            raise
+
+    async def sync_once(self, timeout_s: float | None = None) -> int | None:
+        """Wait for the next push and load it; ``None`` if none was announced within ``timeout_s``."""
+        if await self.wait_for_push(timeout_s) is None:
+            return None
+        return await self.apply_push()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Apply every push as it is announced until ``stop`` is set. A failed push is logged and the
+        loop keeps going (the learner raises on its side and decides what to do, typically a new
+        sender that the actor rejoins with ``init``). The loop ends with an exception when the engine
+        is dead or the learner's store is unreachable."""
+        while stop is None or not stop.is_set():
+            try:
+                await self.sync_once(timeout_s=0.5)
+            except WeightSyncError:
+                logger.exception("%s: weight push failed", self.name)
+                if self.engine.errored:
+                    raise
+
+    def _require_init(self) -> None:
+        if self._store is None or self.rank is None:
+            raise RuntimeError(f"{self.name}: WeightReceiver.init() has not been called")
+
+    async def close(self) -> None:
+        if self._store is not None:
+            try:
+                await self.engine.shutdown_weight_transfer_engine()
+            finally:
+                self._store = None
