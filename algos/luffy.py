@@ -177,4 +177,5 @@ SPEC = register(AlgoSpec(
     advantage=_luffy_adv,
     losses=(MIXED_PG, ENTROPY, KL),
     requires=_requires,
+    needs_demonstrations=True,
 ))

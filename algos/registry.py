@@ -106,6 +106,7 @@ class AlgoSpec:
     requires: Callable[[Any], frozenset[str]] = lambda cfg: frozenset()
     whole_groups_per_microbatch: bool = False  # PACS: a micro-batch must never split a group
     trains_on_demonstrations_only: bool = False  # SFT: no rollouts, no actors
+    needs_demonstrations: bool = False  # the run loads teacher/demonstration trajectories (LUFFY, SFT)
     skip_nonfinite_grad: bool = False  # PACS: a non-finite grad norm skips the step (counted)
     clip_grad: bool = True  # PACS never clips (reference behaviour, §5)
 

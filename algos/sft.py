@@ -30,4 +30,5 @@ register(AlgoSpec(
     summary="SFT warm-up: token NLL on demonstrations",
     losses=(LossComponent("nll", _nll),),
     trains_on_demonstrations_only=True,
+    needs_demonstrations=True,
 ))

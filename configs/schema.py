@@ -50,6 +50,8 @@ class DataConfig(Section):
     task: Literal["arithmetic", "file"] = Field("arithmetic", description="synthetic task or a dataset file")
     path: str | None = Field(None, description="train parquet/JSONL (veRL layout) when task=file")
     eval_path: str | None = Field(None, description="held-out parquet/JSONL; default: a split of the task")
+    demos: str | None = Field(None, description="teacher/demonstration trajectories (parquet/JSONL with a `target`) "
+                                                "for LUFFY and SFT; null with the synthetic task = generate them")
     arithmetic: ArithmeticTaskConfig = ArithmeticTaskConfig()
     train_prompts: int = Field(20000, gt=0, description="synthetic train prompts to generate")
     eval_prompts: int = Field(200, gt=0, description="held-out prompts used by each evaluation")
@@ -166,8 +168,6 @@ class PureConfig(Section):
 
 
 class LuffyConfig(Section):
-    demos: str | None = Field(None, description="teacher trajectory file (parquet/JSONL); null with the synthetic "
-                                                "task = generate one")
     n_prefix: int = Field(1, ge=-1, description="rows per group guided by the demonstration (-1 = all)")
     prefix_strategy: Literal["random", "fixed", "linear", "reverse_linear", "linear_max"] = "random"
     min_prefix_ratio: float = Field(1.0, ge=0, le=1)
@@ -205,11 +205,6 @@ class PacsConfig(Section):
                                                  "unmasked sum over the padded width)")
 
 
-class SftConfig(Section):
-    demos: str | None = Field(None, description="demonstration file; null with the synthetic task = generate")
-    epochs: float = Field(1.0, gt=0, description="passes over the demonstrations (bounded by learner.steps)")
-
-
 class LoggingConfig(Section):
     output_dir: str | None = Field(None, description="run folder; null = runs/<algo>-<timestamp>")
     tensorboard: bool = True
@@ -235,7 +230,6 @@ class RunConfig(Section):
     pure: PureConfig = PureConfig()
     luffy: LuffyConfig = LuffyConfig()
     pacs: PacsConfig = PacsConfig()
-    sft: SftConfig = SftConfig()
     logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="after")
@@ -248,8 +242,8 @@ class RunConfig(Section):
     def problems(self):
         """Yield 'dotted.key: what is wrong — how to fix' for impossible combinations."""
         n = self.rollout.n
-        if self.algo == "luffy" and self.luffy.demos is None and self.data.task == "file":
-            yield ("luffy.demos: LUFFY needs teacher trajectories but none were given — "
+        if self.algo in ("luffy", "sft") and self.data.demos is None and self.data.task == "file":
+            yield (f"data.demos: {self.algo} needs demonstrations but none were given — "
                    "pass --demos FILE (parquet/JSONL with a `target` column)")
         if self.algo == "luffy" and self.luffy.n_prefix >= n and self.luffy.estimator == "grpo_split":
             yield (f"luffy.n_prefix: {self.luffy.n_prefix} guided rows leave no on-policy row in groups of "

@@ -55,13 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def flags_from_args(args: argparse.Namespace) -> dict:
     """Dedicated CLI flags -> dotted config keys (None means 'not given')."""
-    demos_key = "sft.demos" if args.algo == "sft" else "luffy.demos"
     return {
         "rollout.num_actors": args.actors,
         "model.path": args.model,
         "data.path": args.data,
         "data.task": "file" if args.data else None,
-        demos_key: args.demos,
+        "data.demos": args.demos,
         "buffer.max_staleness": args.max_staleness,
         "learner.steps": args.steps,
         "logging.output_dir": args.output,

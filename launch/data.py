@@ -52,17 +52,15 @@ def load_prompt_records(cfg: RunConfig) -> tuple[list[Record], list[Record]]:
 
 def demonstration_file(cfg: RunConfig, run_dir: Path) -> Path | None:
     """The teacher/demonstration file of this run, writing the synthetic one if needed."""
-    given = cfg.sft.demos if cfg.algo == "sft" else cfg.luffy.demos
-    if given:
-        return Path(given)
+    if cfg.data.demos:
+        return Path(cfg.data.demos)
     if cfg.data.task != "arithmetic":
         return None
     train, _ = make_splits(cfg.data.train_prompts, cfg.data.eval_prompts, seed=cfg.data.seed,
                            config=arithmetic_config(cfg))
     path = run_dir / "teacher.jsonl"
     if not path.exists():
-        error_rate = cfg.model.sft_error_rate if cfg.algo == "sft" else 0.0
-        write_teacher_file(path, train, error_rate=error_rate, seed=cfg.data.seed)
+        write_teacher_file(path, train, error_rate=0.0, seed=cfg.data.seed)
     return path
 
 

@@ -41,9 +41,16 @@ def local_resources() -> Resources:
     return Resources(float(cpus), float(gpus), mem)
 
 
+def actor_count(cfg: RunConfig) -> int:
+    """Actors the run starts: none for algorithms that train on demonstrations only (SFT)."""
+    import algos
+
+    return 0 if algos.get(cfg.algo).trains_on_demonstrations_only else cfg.rollout.num_actors
+
+
 def requested(cfg: RunConfig) -> Resources:
     r, lr = cfg.rollout, cfg.learner
-    actors = 0 if cfg.algo == "sft" else r.num_actors
+    actors = actor_count(cfg)
     cpus = actors * r.cpus_per_actor + lr.world_size * lr.cpus_per_rank
     gpus = actors * r.gpus_per_actor + lr.world_size * lr.gpus_per_rank
     mem = actors * (r.kv_cache_gib + ENGINE_OVERHEAD_GIB) + lr.world_size * LEARNER_OVERHEAD_GIB
@@ -53,7 +60,7 @@ def requested(cfg: RunConfig) -> Resources:
 def check(cfg: RunConfig, have: Resources) -> None:
     want = requested(cfg)
     r, lr = cfg.rollout, cfg.learner
-    actors = 0 if cfg.algo == "sft" else r.num_actors
+    actors = actor_count(cfg)
     asked = (f"{actors} actor(s) × {r.cpus_per_actor:g} CPU"
              + (f" × {r.gpus_per_actor:g} GPU" if r.gpus_per_actor else "")
              + f" + {lr.world_size} learner rank(s) × {lr.cpus_per_rank:g} CPU"

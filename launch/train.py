@@ -1,13 +1,53 @@
-"""Entry point of a training run (wiring lands with the end-to-end issue; see README)."""
+"""Entry point of a training run: run folder, resolved config, resource check, then the process graph."""
 
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
+from configs.loading import ConfigError, dump_annotated, read_yaml, resolve
 from configs.schema import RunConfig
+from launch.progress import Progress
+from launch.resources import ResourceError, check, local_resources
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    if cfg.resume:
+        return Path(cfg.resume)
+    if cfg.logging.output_dir:
+        return Path(cfg.logging.output_dir)
+    return Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def resumed_config(cfg: RunConfig) -> RunConfig:
+    """`--resume DIR` continues DIR's own configuration (its config.yaml); only `learner.steps` may grow."""
+    path = Path(cfg.resume) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--resume {cfg.resume}: not a run folder (no config.yaml)")
+    saved = resolve(config_file=str(path), overrides=[f"learner.steps={cfg.learner.steps}"])
+    saved.resume = cfg.resume
+    return saved
 
 
 def train(cfg: RunConfig) -> int:
-    print(f"algo-train: the {cfg.algo} configuration is valid, but this build does not yet wire actors, buffer "
-          "and learner together; run with --dry-run to see the resolved configuration.", file=sys.stderr)
-    return 3
+    try:
+        if cfg.resume:
+            cfg = resumed_config(cfg)
+        if cfg.ray_address is None:
+            check(cfg, local_resources())
+    except (ConfigError, ResourceError) as e:
+        print(f"algo-train: {e}", file=sys.stderr)
+        return 2
+    run_dir = run_dir_for(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.resume:
+        (run_dir / "config.yaml").write_text(dump_annotated(cfg) + "\n")
+    else:
+        read_yaml(run_dir / "config.yaml")  # still valid YAML
+    progress = Progress(cfg.learner.steps, cfg.logging.progress)
+    progress.message(f"[run] {cfg.algo}: {cfg.rollout.num_actors} actor(s), {cfg.learner.world_size} learner "
+                     f"rank(s), max_staleness {cfg.buffer.max_staleness}, {cfg.learner.steps} steps -> {run_dir}")
+    from launch.graph import run_graph
+
+    return run_graph(cfg, run_dir, progress)

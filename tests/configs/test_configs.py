@@ -44,7 +44,7 @@ def test_overrides_and_flags_apply():
     ("grpo", ["buffer.max_staleness=-1"], {}, "buffer.max_staleness: Input should be greater than or equal to 0"),
     ("grpo", ["learner.lr=fast"], {}, "learner.lr: Input should be a valid number"),
     ("pacs", ["learner.micro_batch_samples=12"], {}, "learner.micro_batch_samples: PACS needs whole groups"),
-    ("luffy", [], {"data.path": "x.parquet", "data.task": "file"}, "luffy.demos: LUFFY needs teacher trajectories"),
+    ("luffy", [], {"data.path": "x.parquet", "data.task": "file"}, "data.demos: luffy needs demonstrations"),
     ("luffy", ["luffy.n_prefix=8"], {}, "luffy.n_prefix: 8 guided rows leave no on-policy row"),
     ("prime", ["buffer.filter=none"], {}, "buffer.filter: PRIME trains on groups inside the accuracy window"),
     ("grpo", ["model.tiny.hidden_size=100"], {}, "model.tiny.hidden_size: head_dim"),

@@ -1,0 +1,214 @@
+"""The driver's training loop: pull a batch → learner step → weight push → new version, with
+evaluation, metrics, checkpoints, actor health, the prompt ledger and a clean Ctrl-C.
+
+Ctrl-C (or SIGTERM): actors stop starting prompts and drain what is in flight into the buffer, the
+buffer is snapshotted, a checkpoint is written, and every process is shut down — `--resume RUN_DIR`
+then continues with no prompt skipped or trained twice (the ledger proves it).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import algos
+from buffer.client import BufferClient
+from configs.schema import RunConfig
+from launch.data import RunData
+from launch.ledger import Key, PromptLedger
+from launch.metrics import MetricsWriter
+from launch.processes import ProcessGraph
+from launch.progress import Progress
+
+PULL_POLL_S = 5.0  # how often a waiting driver checks actor health
+
+
+class DemoBatches:
+    """Batches of demonstration groups (SFT): epochs over the demonstrations in a seeded order."""
+
+    def __init__(self, data: RunData, per_step: int, seed: int):
+        import random
+
+        from launch.model_prep import demo_group
+
+        self._make = demo_group
+        self.data, self.per_step, self.rng = data, per_step, random.Random(seed)
+        self.prompts = {it.prompt_index: it.prompt_ids for it in data.train}
+        self.keys = sorted(k for k in data.demos if k in self.prompts)
+        self.epoch, self.order = -1, []
+
+    def next(self) -> list:
+        batch = []
+        while len(batch) < self.per_step:
+            if not self.order:
+                self.epoch += 1
+                self.order = self.keys[:]
+                self.rng.shuffle(self.order)
+            i = self.order.pop()
+            g = self._make(self.prompts[i], self.data.demos[i], i)
+            g.meta["epoch"] = self.epoch
+            batch.append(g)
+        return batch
+
+
+class Stop(Exception):
+    """Raised inside the loop when the user asked the run to stop."""
+
+
+class Driver:
+    def __init__(self, cfg: RunConfig, graph: ProcessGraph, data: RunData, run_dir: Path, buffer_address: str,
+                 progress: Progress):
+        self.cfg, self.graph, self.data, self.run_dir, self.progress = cfg, graph, data, run_dir, progress
+        self.client = BufferClient(buffer_address, "driver", timeout_s=60.0)
+        if data.demos:
+            self.client.add_demos({int(k): v for k, v in data.demos.items()})
+        self.ledger = PromptLedger()
+        spec = algos.get(cfg.algo)
+        self.demos = DemoBatches(data, cfg.learner.batch_prompts, cfg.seed) if spec.trains_on_demonstrations_only \
+            else None
+        self.step = 0
+        self.version = 0
+        self._stop_requested = False
+
+    # ------------------------------------------------------------------ resume
+    def restore(self, resume_dir: Path) -> list[Key]:
+        """Load the latest checkpoint of `resume_dir` into learner and buffer; returns the prompts the
+        actors must skip (trained already, or held by the restored buffer)."""
+        from learner.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(resume_dir / "checkpoints")
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume {resume_dir}: no complete checkpoint under {resume_dir}/checkpoints")
+        extra = self.graph.load(ckpt)
+        self.step, self.version = int(extra["step"]), int(extra["version"])
+        self.ledger = PromptLedger.from_state_dict(extra["ledger"])
+        self.client.restore(str(ckpt / extra["buffer_snapshot"]))
+        self.client.set_version(self.version)
+        held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+        self.progress.message(f"[resume] {ckpt}: step {self.step}, version {self.version}, "
+                              f"{len(self.ledger.trained)} prompts trained, {len(held)} held by the buffer")
+        return self.ledger.accepted(held)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self) -> Path:
+        ckpt = self.run_dir / "checkpoints" / f"step_{self.step}"
+        snap_name = "buffer.msgpack"
+        staging = self.run_dir / "checkpoints" / f".buffer_step_{self.step}.msgpack"
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        self.client.snapshot(str(staging.resolve()))
+        extra = {"step": self.step, "version": self.version, "ledger": self.ledger.state_dict(),
+                 "buffer_snapshot": snap_name, "algo": self.cfg.algo}
+        self.graph.save(ckpt, extra)
+        staging.replace(ckpt / snap_name)
+        return ckpt
+
+    # ------------------------------------------------------------------ the loop
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop_requested:  # a second Ctrl-C: give up on the graceful path
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.progress.message("[stop] finishing the current step, draining actors and writing a checkpoint "
+                              "(Ctrl-C again to abort)")
+
+    def _pull(self) -> tuple[list, float]:
+        if self.demos is not None:
+            return self.demos.next(), 0.0
+        t0 = time.monotonic()
+        n = self.cfg.learner.batch_prompts
+        while True:
+            if self._stop_requested:
+                raise Stop
+            try:
+                return self.client.pull_batch(n, timeout_s=PULL_POLL_S), time.monotonic() - t0
+            except TimeoutError:
+                self._check_actors()
+
+    def _check_actors(self) -> list[dict]:
+        stats, dead = self.graph.actor_stats()
+        for i in dead:
+            held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+            self.graph.restart_actor(i, self.ledger.accepted(held), self.version)
+        if dead:
+            self.graph.connect_weight_sync()
+            self.graph.push_weights(self.version)
+        return stats
+
+    def evaluate(self) -> dict:
+        if not self.data.eval or not self.graph.actors:
+            return {}
+        t0 = time.monotonic()
+        result = self.graph.evaluate(self.data.eval)
+        return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], "time/eval_s": time.monotonic() - t0}
+
+    def run(self) -> int:
+        cfg, lc = self.cfg, self.cfg.learner
+        writer = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard)
+        old_int = signal.signal(signal.SIGINT, self._on_signal)
+        old_term = signal.signal(signal.SIGTERM, self._on_signal)
+        status = 0
+        try:
+            if lc.eval_every and self.step == 0:
+                before = self.evaluate()
+                if before:
+                    writer.write(0, before)
+                    self.progress.message(f"[eval] held-out accuracy before RL: {before['eval/accuracy']:.3f}")
+            self.graph.start_rollouts()
+            t_last = time.monotonic()
+            while self.step < lc.steps:
+                groups, wait_s = self._pull()
+                keys = [(int(g.meta.get("epoch", 0)), g.prompt_index) for g in groups]
+                self.ledger.record(self.step, keys)
+                t0 = time.monotonic()
+                metrics = self.graph.step(groups, self.version)
+                train_s = time.monotonic() - t0
+                self.version += 1
+                self.step += 1
+                t0 = time.monotonic()
+                sync = self.graph.push_weights(self.version) if self.graph.actors else {}
+                sync_s = time.monotonic() - t0
+                self.client.set_version(self.version)
+                now = time.monotonic()
+                samples = sum(g.n for g in groups)
+                tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
+                buf = self.client.stats()
+                metrics |= {
+                    "version": self.version,
+                    "throughput/samples_per_s": samples / (now - t_last),
+                    "throughput/tokens_per_s": tokens / (now - t_last),
+                    "time/generate_wait_s": wait_s, "time/train_s": train_s, "time/weight_sync_s": sync_s,
+                    "weight_sync/gbps": sync.get("gbps"), "buffer/dropped_stale": buf.get("dropped_stale", 0),
+                    "buffer/occupancy_groups": buf.get("occupancy_groups", 0),
+                    "buffer/filtered": sum(buf.get("filtered", {}).values()),
+                    "actors/restarts": self.graph.restarts,
+                }
+                t_last = now
+                if lc.eval_every and self.step % lc.eval_every == 0:
+                    metrics |= self.evaluate()
+                if lc.save_every and self.step % lc.save_every == 0:
+                    self.checkpoint()
+                writer.write(self.step, metrics)
+                self.progress.update(self.step, metrics)
+                self._check_actors()
+        except Stop:
+            status = 130
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+        try:
+            self.progress.close()
+            if self.graph.actors:
+                self.graph.stop_actors(drain=True, timeout_s=120)
+            final = self.evaluate() if lc.eval_every and status == 0 and self.step % lc.eval_every else {}
+            if final:
+                writer.write(self.step, final)
+            ckpt = self.checkpoint()
+            summary = {"step": self.step, "version": self.version, "checkpoint": str(ckpt),
+                       "stopped_early": status != 0, "buffer": self.client.stats()}
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            self.progress.message(f"[done] {self.step} steps; checkpoint {ckpt}")
+        finally:
+            writer.close()
+            self.client.close()
+        return status

@@ -1,0 +1,53 @@
+"""`run_graph`: the one function that wires the whole process graph. Read it and you have read the
+architecture:
+
+    driver (this process) ──pull_batch──► buffer service (own process, ZMQ, msgpack)
+       │                                     ▲ push_group / credit
+       ├─ step(groups) ──► learner ranks (Ray actors, FSDP2 over gloo/NCCL)
+       │                     │ rank 0: WeightSender ──gloo/NCCL──► every actor engine
+       └─ evaluate ──────► rollout actors (Ray actors, one vLLM AsyncLLM each)
+
+Actors generate continuously from their prompt shards, asking the buffer for credit first (so
+`max_staleness` holds by admission); the driver pulls whole groups, has the learner ranks take one
+optimiser step, pushes the new weights to every engine (in flight: generation pauses only while
+weights load), then tells the buffer the new version. `--serial` runs the same roles in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import algos
+from configs.schema import RunConfig
+from launch.driver import Driver
+from launch.progress import Progress
+
+
+def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
+    from actors.prompts import load_tokenizer
+    from buffer.process import start_buffer_process
+    from launch.data import load_run_data
+    from launch.model_prep import prepare_model
+    from launch.placement import plan_cores
+    from launch.processes import ProcessGraph
+
+    model_dir = prepare_model(cfg, log=progress.message)
+    tokenizer = load_tokenizer(str(model_dir))
+    data = load_run_data(cfg, tokenizer, run_dir, need_demos=algos.get(cfg.algo).needs_demonstrations)
+    buffer_proc, buffer_address = start_buffer_process(cfg)
+    graph = ProcessGraph(cfg, model_dir, buffer_address, data, log=progress.message)
+    try:
+        pin = cfg.ray_address is None and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0
+        actor_cores, rank_cores = (plan_cores(cfg.rollout.num_actors, cfg.rollout.cpus_per_actor,
+                                              cfg.learner.world_size, cfg.learner.cpus_per_rank)
+                                   if pin else ([None] * cfg.rollout.num_actors, [None] * cfg.learner.world_size))
+        graph.start_learner(rank_cores)
+        driver = Driver(cfg, graph, data, run_dir, buffer_address, progress)
+        skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
+        graph.start_actors(actor_cores, skip=skip, version=driver.version)
+        graph.connect_weight_sync()
+        return driver.run()
+    finally:
+        graph.shutdown()
+        buffer_proc.terminate()
+        buffer_proc.join(timeout=10)
