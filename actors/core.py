@@ -1,0 +1,292 @@
+"""The rollout loop of one actor (async): credit, bounded concurrency, groups, weights, evaluation.
+
+Why credit before work: the buffer enforces `max_staleness` by admission. The actor asks for credit
+(`request_credit(want, actor_version)`) before it starts a prompt and starts at most as many prompts
+as it was granted; with 0 granted it backs off and asks again (after a weight update its version is
+newer and the buffer can grant again). So stale work is never started, rather than thrown away. A
+prompt's credit is spent by the push of its group; credit that ends up unused (stop, failed prompt)
+is released.
+
+Why `prompts_in_flight` prompts at once: the engine batches all running requests, so several groups
+in flight keep it busy while one group is being scored or pushed.
+
+Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> load -> resume, on this
+actor's engine, while its requests stay in flight). Per-token versions come from the engine itself
+(see `actors.rows`). This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
+on a private event loop for synchronous callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+
+import numpy as np
+
+from actors.engine import EngineSpec, build_engine, shutdown_engine
+from actors.generate import GroupSampler, SamplingSettings
+from actors.link import Backoff, BufferDown, BufferLink, Outbox
+from actors.luffy import plain_group_plan, plan_group
+from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
+from actors.weights import WeightUpdates
+from buffer.records import Group
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncActor(WeightUpdates):
+    """One actor: an `AsyncLLM`, its prompt shard, and a link to the buffer. See `actors.actor` for
+    the synchronous wrapper and the orchestrator-facing API."""
+
+    def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts: list[PromptItem], *,
+                 num_actors: int | None = None, initial_version: int = 0, engine_spec: EngineSpec | None = None,
+                 buffer_timeout_s: float = 30.0, reward_fn=None):
+        self.cfg, self.actor_id = cfg, actor_id
+        self.num_actors = num_actors or cfg.rollout.num_actors
+        self.spec = engine_spec or EngineSpec.from_config(cfg, model_dir, actor_id)
+        self.name = f"actor-{actor_id}"
+        self.cursor = PromptCursor(shard(prompts, actor_id, self.num_actors), seed=cfg.seed, actor_id=actor_id)
+        self.link = BufferLink(buffer_address, self.name, buffer_timeout_s)
+        self.version = int(initial_version)
+        self.learner_version: int | None = None
+        self.luffy = cfg.algo == "luffy"
+        self._ratio_rng = random.Random(f"luffy/{cfg.seed}/{actor_id}")
+        self._nonce = uuid.uuid4().hex[:8]  # group ids stay unique across restarts of this actor
+        self._counter = 0
+        self._reward_fn = reward_fn
+        self.engine = self.sampler = self.outbox = self.receiver = None
+        self._owns_engine = False
+        self._credits = 0
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._run_task: asyncio.Task | None = None
+        self._push_task: asyncio.Task | None = None
+        self._follow_task: asyncio.Task | None = None
+        self.counts = {"groups_started": 0, "groups_acked": 0, "groups_failed": 0, "samples": 0,
+                       "credit_requests": 0, "credit_denied": 0, "weight_updates": 0}
+        self.times = {"credit_wait_s": 0.0, "generate_s": 0.0, "weight_update_s": 0.0, "weight_pause_s": 0.0}
+        self._t_start = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, engine=None) -> None:
+        """Start the engine (blocking ~20 s on CPU) -- or use `engine`, a running `AsyncLLM` built
+        from the same spec and owned by the caller -- and start delivering groups. The engine's
+        weight-version label is set to this actor's version; a shared engine that already carries
+        an integer label keeps it and the actor adopts it."""
+        if self.engine is not None:
+            return
+        tokenizer = load_tokenizer(self.spec.model_dir)
+        self._owns_engine = engine is None
+        self.engine = build_engine(self.spec) if engine is None else engine
+        label = await self.engine.get_weight_version()
+        if engine is not None and str(label).lstrip("-").isdigit():
+            self.version = int(label)
+        else:
+            await self.engine.update_weight_version(str(self.version))
+        r = self.cfg.rollout
+        self.sampler = GroupSampler(
+            self.engine, tokenizer,
+            SamplingSettings(r.temperature, r.top_p, r.max_response_tokens, r.eval_temperature),
+            name=self.name, reward_fn=self._reward_fn, seed=self.cfg.seed * 1000 + self.actor_id)
+        self.outbox = Outbox(self.link, on_sent=self._on_sent)
+        self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
+
+    def _on_sent(self, group: Group, ack) -> None:
+        self.counts["groups_acked"] += 1
+
+    async def close(self) -> None:
+        await self.stop(drain=False)
+        for t in (self._push_task, self._follow_task):
+            if t is not None:
+                t.cancel()
+        if self.receiver is not None:
+            try:
+                await self.receiver.close()
+            except Exception:
+                logger.exception("%s: closing the weight receiver failed", self.name)
+        if self.sampler is not None:
+            self.sampler.close()
+        if self._owns_engine:
+            shutdown_engine(self.engine)
+        self.engine = None
+        self.link.close()
+
+    # ------------------------------------------------------------------ rollouts
+    async def run(self, max_groups: int | None = None) -> int:
+        """Start up to `max_groups` prompts (None: until `stop()`), each once the buffer granted credit;
+        return once their groups were delivered (after `stop()`: once the prompts in flight finished).
+        Returns the number of prompts started. Raises if the engine died meanwhile."""
+        if self.engine is None:
+            raise RuntimeError(f"{self.name}: call start() before run()")
+        self._stop.clear()
+        self._t_start = self._t_start or time.monotonic()
+        width = self.cfg.rollout.prompts_in_flight
+        backoff = Backoff(0.05, 1.0)
+        stop_waiter = asyncio.create_task(self._stop.wait())
+        try:
+            started = await self._admit(max_groups, width, backoff, stop_waiter)
+        finally:
+            stop_waiter.cancel()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._release_unused()
+        if self.engine is not None and self.engine.errored:
+            raise RuntimeError(f"{self.name}: the vLLM engine died; see its log above")
+        if not self._stop.is_set():
+            await self.outbox.drain()
+        return started
+
+    async def _admit(self, max_groups: int | None, width: int, backoff: Backoff, stop_waiter) -> int:
+        started = 0
+        while not self._stop.is_set() and (max_groups is None or started < max_groups):
+            if len(self._tasks) >= width:
+                await asyncio.wait(self._tasks | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if self._credits == 0:
+                want = width - len(self._tasks)
+                if max_groups is not None:
+                    want = min(want, max_groups - started)
+                if not await self._ask_credit(want, backoff):
+                    continue
+            self._credits -= 1
+            started += 1
+            self._spawn(self.cursor.next())
+        return started
+
+    async def _ask_credit(self, want: int, backoff: Backoff) -> bool:
+        self.counts["credit_requests"] += 1
+        try:
+            credit = await self.link.call("request_credit", want, self.version)
+        except BufferDown as e:
+            logger.warning("%s: %s", self.name, e)
+            await self._pause(backoff.next(), "credit_wait_s")
+            return False
+        self.learner_version = credit.learner_version
+        if credit.granted <= 0:
+            self.counts["credit_denied"] += 1
+            await self._pause(backoff.next(), "credit_wait_s")
+            return False
+        backoff.reset()
+        self._credits += credit.granted
+        return True
+
+    async def _pause(self, seconds: float, timer: str) -> None:
+        t0 = time.monotonic()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        self.times[timer] += time.monotonic() - t0
+
+    async def _release_unused(self) -> None:
+        n, self._credits = self._credits, 0
+        if n > 0:
+            try:
+                await self.link.call("release_credit", n)
+            except BufferDown as e:  # a restarted buffer holds no credit of ours anyway
+                logger.warning("%s: could not release %d credits: %s", self.name, n, e)
+
+    def _spawn(self, item: PromptItem) -> None:
+        task = asyncio.create_task(self._rollout(item), name=f"{self.name}-p{item.prompt_index}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.counts["groups_started"] += 1
+
+    async def _rollout(self, item: PromptItem) -> None:
+        t0 = time.monotonic()
+        try:
+            group = await self.make_group(item)
+        except asyncio.CancelledError:
+            self._credits += 1  # released by run()'s epilogue
+            raise
+        except Exception:
+            logger.exception("%s: rollout of prompt %d failed", self.name, item.prompt_index)
+            self.counts["groups_failed"] += 1
+            self._credits += 1
+            if self.engine is not None and self.engine.errored:
+                self._stop.set()
+            return
+        self.times["generate_s"] += time.monotonic() - t0
+        self.counts["samples"] += group.n
+        self.outbox.put(group)
+
+    async def make_group(self, item: PromptItem) -> Group:
+        """Sample, score and package the group of one prompt (LUFFY rows included)."""
+        n = self.cfg.rollout.n
+        plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if self.luffy else plain_group_plan(n)
+        demo = None
+        if plan.guided:
+            demo = (await self._get_demos([item.prompt_index])).get(item.prompt_index)
+            if demo is None:
+                raise LookupError(f"LUFFY: the buffer holds no demonstration for prompt {item.prompt_index} "
+                                  "(load the teacher file into the buffer with add_demos before rollouts)")
+        samples, ratios = await self.sampler.sample_group(item, plan, demo)
+        meta: dict = {"actor_version": self.version}
+        if self.luffy:
+            meta.update(prefix_ratios=ratios, demo_rows=plan.demo_rows)
+        self._counter += 1
+        return Group(group_id=f"a{self.actor_id}-{self._nonce}-{self._counter:07d}", prompt_index=item.prompt_index,
+                     prompt_tokens=np.asarray(item.prompt_ids, dtype=np.int32), samples=samples,
+                     ground_truth=item.ground_truth, data_source=item.data_source, actor_id=self.actor_id,
+                     meta=meta)
+
+    async def _get_demos(self, indices: list[int]) -> dict:
+        """`get_demos`, retried while the buffer is unreachable (a transient outage must not cost
+        the prompt)."""
+        backoff = Backoff(0.05, 2.0)
+        while True:
+            try:
+                return await self.link.call("get_demos", indices)
+            except BufferDown as e:
+                if self._stop.is_set():
+                    raise
+                logger.warning("%s: %s", self.name, e)
+                await self._pause(backoff.next(), "credit_wait_s")
+
+    async def stop(self, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop starting prompts. drain=True: finish the prompts in flight and deliver every group;
+        drain=False: abort them (their credit is released) and keep undelivered groups queued."""
+        self._stop.set()
+        if not drain:
+            for t in list(self._tasks):
+                t.cancel()
+        if self._run_task is not None:
+            await asyncio.gather(self._run_task, return_exceptions=True)
+            self._run_task = None
+        elif self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            await self._release_unused()
+        if drain and self.outbox is not None:
+            await self.outbox.drain(timeout_s)
+
+    def start_background(self, max_groups: int | None = None) -> None:
+        """`run()` as a background task on the current loop (orchestrator mode)."""
+        if self._run_task is not None and not self._run_task.done():
+            raise RuntimeError(f"{self.name}: rollouts already running")
+        self._run_task = asyncio.create_task(self.run(max_groups), name=f"{self.name}-run")
+
+    async def wait_background(self, timeout_s: float | None = None) -> int:
+        """Wait for the background `run` to finish; returns the prompts it started."""
+        if self._run_task is None:
+            raise RuntimeError(f"{self.name}: no background rollouts (start_background first)")
+        return await asyncio.wait_for(asyncio.shield(self._run_task), timeout_s)
+
+    # ------------------------------------------------------------------ evaluation / metrics
+    async def evaluate(self, items: list[PromptItem], temperature: float | None = None) -> dict:
+        if self.engine is None:
+            raise RuntimeError(f"{self.name}: call start() before evaluate()")
+        return {**await self.sampler.evaluate(items, temperature), "version": self.version}
+
+    def stats(self) -> dict:
+        elapsed = time.monotonic() - self._t_start if self._t_start else 0.0
+        gen = self.sampler.generated_tokens if self.sampler else 0
+        ob = self.outbox
+        delivery = ({"outbox": len(ob), "sent": ob.sent, "resent": ob.resent, "rejected": dict(ob.rejected),
+                     "buffer_down_s": ob.down_s, "push_s": ob.push_s} if ob is not None else {})
+        return {"actor_id": self.actor_id, "version": self.version, "learner_version": self.learner_version,
+                **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
+                "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
+                "credits_held": self._credits, **delivery, "reconnects": self.link.reconnects,
+                "cursor": self.cursor.state_dict()}

@@ -1,0 +1,130 @@
+"""One vLLM `AsyncLLM` per actor: engine arguments from the run config, and its start-up.
+
+Why `AsyncLLM` (not the offline `LLM`): generation must keep running while the learner's weights
+arrive. vLLM's weight-transfer API pauses the engine with ``pause_generation(mode="keep")`` (in-flight
+requests are frozen, not aborted), loads the new weights and resumes, all on the same engine object
+the rollout loop is generating with. Only an async engine allows that.
+
+Choices made here, each for a reason:
+  - ``logprobs_mode="processed_logprobs"``: the behaviour log-prob log mu must be the one of the
+    distribution the token was actually sampled from, i.e. after temperature/top-p
+    (ALGORITHMS.md "Asynchrony"). The default ("raw_logprobs") ignores temperature.
+  - ``VLLM_CPU_KVCACHE_SPACE`` (GiB, an integer) is set in the environment *before* the engine
+    starts: vLLM's CPU platform reads it while building the engine config, in this process, and the
+    spawned engine-core process inherits it. Without it vLLM reserves a large share of host memory.
+  - the weight-transfer backend of `weightsync` (our gloo engine, a vLLM plugin) is configured at
+    construction, because vLLM instantiates it in the worker process when the engine starts.
+  - ``enforce_eager`` defaults to True on CPU: torch.compile of the model takes minutes on a 2-core
+    machine and gains little for tiny models.
+  - chunked prefill is off on CPU: rollout requests are seeded, and vllm-cpu 0.32 kills the engine
+    ("CPU Generator does not use offset") when a seeded request's prefill is split across steps
+    (the worker rewinds the request's generator with `set_offset`, which CPU generators lack).
+    Without chunking a prefill is never split; the step budget is raised to hold a whole context.
+  - the engine is told its initial weight version, so every generated token can be stamped with
+    the version that produced it (see `actors.rows.versions_from_spans`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class EngineSpec:
+    """Everything needed to start one actor's engine. Units: tokens, GiB."""
+
+    model_dir: str
+    dtype: str = "float32"
+    max_model_len: int = 512
+    seed: int = 0
+    enforce_eager: bool = True
+    kv_cache_gib: float = 1.0
+    weight_transfer: bool = True  # configure weightsync's transfer backend (needed for weight updates)
+    cpu: bool = True  # CPU engine (vllm-cpu): no chunked prefill, see the module docstring
+    extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
+
+    @classmethod
+    def from_config(cls, cfg, model_dir: str | Path, actor_id: int = 0, **overrides) -> EngineSpec:
+        """Engine spec of actor `actor_id` under a `configs.schema.RunConfig`.
+
+        The context must hold the longest prompt plus the longest response (a LUFFY prefix is part
+        of the response budget, so it needs no extra room). Each actor gets its own seed.
+        """
+        r = cfg.rollout
+        spec = cls(
+            model_dir=str(model_dir),
+            dtype=cfg.model.dtype,
+            max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,
+            seed=cfg.seed * 1000 + actor_id,
+            enforce_eager=r.gpus_per_actor == 0,
+            kv_cache_gib=r.kv_cache_gib,
+            cpu=r.gpus_per_actor == 0,
+        )
+        for k, v in overrides.items():
+            if not hasattr(spec, k):
+                raise TypeError(f"EngineSpec has no field {k!r}")
+            setattr(spec, k, v)
+        return spec
+
+    def engine_args_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = dict(
+            model=self.model_dir,
+            tokenizer=self.model_dir,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            seed=self.seed,
+            enforce_eager=self.enforce_eager,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+        if self.cpu:
+            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
+        if self.weight_transfer:
+            from weightsync.receiver import engine_args_kwargs
+
+            kw.update(engine_args_kwargs())
+        kw.update(self.extra)
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def set_kv_cache_env(kv_cache_gib: float) -> int:
+    """Set VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up, at least 1) unless the user already set it.
+    Returns the value in effect. Must run before the engine is constructed."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "") != "":
+        return int(os.environ["VLLM_CPU_KVCACHE_SPACE"])
+    gib = max(1, math.ceil(kv_cache_gib))
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+    return gib
+
+
+def build_engine(spec: EngineSpec):
+    """Start an `AsyncLLM` for `spec` (blocks ~20 s on CPU; the first batch warms up later).
+
+    Must be called from the thread whose event loop will drive the engine (AsyncLLM binds its
+    output handler to the running loop on first use). Raises a clear error when the model
+    directory is missing instead of vLLM's hub lookup.
+    """
+    if not Path(spec.model_dir, "config.json").is_file():
+        raise FileNotFoundError(f"actor engine: {spec.model_dir} is not a HF model directory (no config.json); "
+                                "build the tiny model (tasks.tiny_model.build_tiny_model) or pass --model")
+    set_kv_cache_env(spec.kv_cache_gib)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args_kwargs()))
+
+
+def shutdown_engine(engine) -> None:
+    """Stop the engine and its processes (idempotent, never raises)."""
+    if engine is None:
+        return
+    with contextlib.suppress(Exception):  # already down, or interpreter teardown
+        engine.shutdown()

@@ -1,0 +1,160 @@
+"""Sampling one group on the engine, scoring it, and greedy/eval-temperature evaluation.
+
+Why whole groups in one request: GRPO-style baselines need the n responses of one prompt together,
+and vLLM's `SamplingParams(n=...)` shares the prompt's prefill across the n samples (child seeds are
+seed + i, so the samples differ and stay reproducible). Requests ask only for the final output
+(`FINAL_ONLY`) and skip vLLM's detokenisation: the actor decodes each finished response once, in
+the reward thread, which keeps per-token work off the event loop that also runs the engine's output
+handler. Rewards run on a thread pool because math-verify can take seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from actors.luffy import GroupPlan, guided_request
+from actors.prompts import PromptItem
+from actors.rows import prefix_only_sample, sample_from_completion
+from buffer.records import Sample
+
+
+class RequestAborted(RuntimeError):
+    """The engine aborted a request (shutdown, or an abort-mode pause)."""
+
+
+@dataclass
+class SamplingSettings:
+    """Rollout sampling: `rollout.temperature/top_p/max_response_tokens`, eval temperature."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+    eval_temperature: float = 0.0
+    seeded: bool = True  # per-request seeds drawn from the actor's RNG (reproducible runs)
+
+
+def default_reward_fn() -> Callable[[str, str], float]:
+    from tasks import reward
+
+    return reward
+
+
+class GroupSampler:
+    """Generates and scores groups on one `AsyncLLM`."""
+
+    def __init__(self, engine, tokenizer, settings: SamplingSettings, *, name: str = "actor",
+                 reward_fn: Callable[[str, str], float] | None = None, reward_threads: int = 2, seed: int = 0):
+        import random
+
+        self.engine, self.tokenizer, self.s, self.name = engine, tokenizer, settings, name
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.reward_fn = reward_fn or default_reward_fn()
+        self._pool = ThreadPoolExecutor(max_workers=reward_threads, thread_name_prefix=f"reward-{name}")
+        self._ids = itertools.count()
+        self._rng = random.Random(f"sampler/{seed}")
+        self.generated_tokens = 0
+        self.times = {"rows_s": 0.0, "reward_s": 0.0}  # actor-side work after generation (CPU seconds)
+
+    def _params(self, n: int, max_tokens: int, temperature: float, seed: int | None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(n=n, temperature=temperature, top_p=self.s.top_p if temperature > 0 else 1.0,
+                              max_tokens=max_tokens, logprobs=0, flat_logprobs=True, seed=seed,
+                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def _request(self, prompt_ids: Sequence[int], params, tag: str) -> list:
+        """Completions of one request, in sample order. An aborted request raises."""
+        final = None
+        rid = f"{self.name}-{tag}-{next(self._ids)}"
+        async for out in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, params, request_id=rid):
+            final = out
+        if final is None or not final.finished:
+            raise RuntimeError(f"{self.name}: request {rid} ended without a final output")
+        comps = sorted(final.outputs, key=lambda c: c.index)
+        if any(c.finish_reason == "abort" for c in comps):
+            raise RequestAborted(f"{self.name}: request {rid} was aborted")
+        return comps
+
+    def _seed(self) -> int | None:
+        return self._rng.randrange(2**31 - 1024) if self.s.seeded else None
+
+    async def sample_group(self, item: PromptItem, plan: GroupPlan, demo_ids=None) -> tuple[list[Sample], list[float]]:
+        """The generated rows of one group (on-policy rows, then guided rows) and their prefix ratios.
+        Demonstration-only rows (rho = 1) are not produced here: the buffer attaches them."""
+        T = self.s.max_tokens
+        jobs, kinds = [], []
+        if plan.on_policy:
+            jobs.append(self._request(item.prompt_ids, self._params(plan.on_policy, T, self.s.temperature,
+                                                                    self._seed()), "g"))
+            kinds.append(("on", None, 0.0))
+        for ratio in plan.guided:
+            if demo_ids is None:
+                raise ValueError(f"prompt {item.prompt_index}: guided rows need its demonstration")
+            engine_prompt, prefix = guided_request(item.prompt_ids, demo_ids, self.eos_id, ratio)
+            budget = T - len(prefix)
+            if budget > 0:
+                jobs.append(self._request(engine_prompt, self._params(1, budget, self.s.temperature,
+                                                                      self._seed()), "p"))
+            else:
+                jobs.append(_none())
+            kinds.append(("guided", prefix, ratio))
+        results = await asyncio.gather(*jobs)
+        rows: list[tuple[object, list[int] | None, float]] = []  # (completion or None, prefix, ratio)
+        for (_, prefix, ratio), comps in zip(kinds, results):
+            if comps is None:
+                rows.append((None, prefix, ratio))
+            else:
+                rows.extend((c, prefix, ratio) for c in comps)
+        rewards = await self._score([self._tokens(c, p) for c, p, _ in rows], item.ground_truth)
+        t0 = time.perf_counter()
+        samples = []
+        for (c, prefix, _), r in zip(rows, rewards):
+            if c is None:
+                samples.append(prefix_only_sample(prefix, T, r))
+            else:
+                samples.append(sample_from_completion(c, r, prefix))
+                self.generated_tokens += len(c.token_ids)
+        self.times["rows_s"] += time.perf_counter() - t0
+        return samples, [ratio for _, _, ratio in rows]
+
+    @staticmethod
+    def _tokens(completion, prefix) -> list[int]:
+        gen = [] if completion is None else list(completion.token_ids)
+        return (list(prefix) if prefix else []) + gen
+
+    async def _score(self, token_lists: list[list[int]], ground_truth: str) -> list[float]:
+        def work() -> list[float]:
+            t0 = time.perf_counter()
+            texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
+            out = [float(self.reward_fn(t, ground_truth)) for t in texts]
+            self.times["reward_s"] += time.perf_counter() - t0
+            return out
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    async def evaluate(self, items: Sequence[PromptItem], temperature: float | None = None,
+                       max_tokens: int | None = None) -> dict:
+        """Accuracy of one response per prompt at the eval temperature (0 = greedy)."""
+        temp = self.s.eval_temperature if temperature is None else temperature
+        params = self._params(1, max_tokens or self.s.max_tokens, temp, 0 if temp > 0 else None)
+
+        async def one(item: PromptItem) -> float:
+            comps = await self._request(item.prompt_ids, params, "eval")
+            return (await self._score([list(comps[0].token_ids)], item.ground_truth))[0]
+
+        rewards = await asyncio.gather(*(one(i) for i in items))
+        n = len(rewards)
+        return {"accuracy": sum(rewards) / n if n else float("nan"), "n": n}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _none():
+    return None
