@@ -27,6 +27,7 @@ import uuid
 
 import numpy as np
 
+import algos
 from actors.engine import EngineSpec, build_engine, shutdown_engine
 from actors.generate import GroupSampler, SamplingSettings
 from actors.link import Backoff, BufferDown, BufferLink, Outbox
@@ -53,7 +54,7 @@ class AsyncActor(WeightUpdates):
         self.link = BufferLink(buffer_address, self.name, buffer_timeout_s)
         self.version = int(initial_version)
         self.learner_version: int | None = None
-        self.luffy = cfg.algo == "luffy"
+        self.luffy = algos.get(cfg.algo).needs_demonstrations  # LUFFY: demonstration-guided rows
         self._ratio_rng = random.Random(f"luffy/{cfg.seed}/{actor_id}")
         self._nonce = uuid.uuid4().hex[:8]  # group ids stay unique across restarts of this actor
         self._counter = 0
@@ -154,7 +155,7 @@ class AsyncActor(WeightUpdates):
                     continue
             self._credits -= 1
             started += 1
-            self._spawn(self.cursor.next())
+            self._spawn(*self.cursor.next_keyed())
         return started
 
     async def _ask_credit(self, want: int, backoff: Backoff) -> bool:
@@ -188,16 +189,16 @@ class AsyncActor(WeightUpdates):
             except BufferDown as e:  # a restarted buffer holds no credit of ours anyway
                 logger.warning("%s: could not release %d credits: %s", self.name, n, e)
 
-    def _spawn(self, item: PromptItem) -> None:
-        task = asyncio.create_task(self._rollout(item), name=f"{self.name}-p{item.prompt_index}")
+    def _spawn(self, item: PromptItem, epoch: int = 0) -> None:
+        task = asyncio.create_task(self._rollout(item, epoch), name=f"{self.name}-p{item.prompt_index}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.counts["groups_started"] += 1
 
-    async def _rollout(self, item: PromptItem) -> None:
+    async def _rollout(self, item: PromptItem, epoch: int = 0) -> None:
         t0 = time.monotonic()
         try:
-            group = await self.make_group(item)
+            group = await self.make_group(item, epoch)
         except asyncio.CancelledError:
             self._credits += 1  # released by run()'s epilogue
             raise
@@ -212,8 +213,9 @@ class AsyncActor(WeightUpdates):
         self.counts["samples"] += group.n
         self.outbox.put(group)
 
-    async def make_group(self, item: PromptItem) -> Group:
-        """Sample, score and package the group of one prompt (LUFFY rows included)."""
+    async def make_group(self, item: PromptItem, epoch: int = 0) -> Group:
+        """Sample, score and package the group of one prompt (LUFFY rows included); `epoch` is the pass
+        over the shard the prompt came from (the driver's ledger keys prompts by (epoch, index))."""
         n = self.cfg.rollout.n
         plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if self.luffy else plain_group_plan(n)
         demo = None
@@ -223,7 +225,7 @@ class AsyncActor(WeightUpdates):
                 raise LookupError(f"LUFFY: the buffer holds no demonstration for prompt {item.prompt_index} "
                                   "(load the teacher file into the buffer with add_demos before rollouts)")
         samples, ratios = await self.sampler.sample_group(item, plan, demo)
-        meta: dict = {"actor_version": self.version}
+        meta: dict = {"actor_version": self.version, "epoch": epoch}
         if self.luffy:
             meta.update(prefix_ratios=ratios, demo_rows=plan.demo_rows)
         self._counter += 1

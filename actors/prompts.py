@@ -76,6 +76,12 @@ class PromptCursor:
         self.seed, self.actor_id, self.shuffle = seed, actor_id, shuffle
         self.epoch, self.position = 0, 0
         self._order = self._make_order()
+        self._skip: set[tuple[int, int]] = set()
+
+    def skip(self, keys: Iterable) -> None:
+        """Never hand out these (epoch, prompt_index) pairs: prompts a resumed or restarted run has
+        already trained (or that the buffer holds), per the driver's ledger."""
+        self._skip |= {(int(e), int(i)) for e, i in keys}
 
     def _make_order(self) -> list[int]:
         order = list(range(len(self.items)))
@@ -84,12 +90,18 @@ class PromptCursor:
         return order
 
     def next(self) -> PromptItem:
-        if self.position >= len(self._order):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._make_order()
-        item = self.items[self._order[self.position]]
-        self.position += 1
-        return item
+        return self.next_keyed()[0]
+
+    def next_keyed(self) -> tuple[PromptItem, int]:
+        """The next prompt and the epoch (pass over the shard) it belongs to."""
+        while True:
+            if self.position >= len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._make_order()
+            item = self.items[self._order[self.position]]
+            self.position += 1
+            if (self.epoch, item.prompt_index) not in self._skip:
+                return item, self.epoch
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "size": len(self.items)}

@@ -171,10 +171,12 @@ class Driver:
                 self.client.set_version(self.version)
                 now = time.monotonic()
                 samples = sum(g.n for g in groups)
+                generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
                 tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
                 buf = self.client.stats()
                 metrics |= {
                     "version": self.version,
+                    "accuracy/train": sum(r >= 1.0 for r in generated) / len(generated) if generated else None,
                     "throughput/samples_per_s": samples / (now - t_last),
                     "throughput/tokens_per_s": tokens / (now - t_last),
                     "time/generate_wait_s": wait_s, "time/train_s": train_s, "time/weight_sync_s": sync_s,

@@ -96,7 +96,11 @@ class ProcessGraph:
 
     # ------------------------------------------------------------------ actors
     def _actor_env(self, cores) -> dict:
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.cfg.rollout.kv_cache_gib)))}
+        # Engines log at ERROR unless the user asks for more (their INFO lines would bury the progress
+        # line: vLLM logs every weight reload); c10d's polling chatter is silenced the same way.
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.cfg.rollout.kv_cache_gib))),
+               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+               "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         if cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         return env

@@ -1,0 +1,42 @@
+"""The FSDP2 learner: from groups of rollouts to optimiser steps, checkpoints and full weights.
+
+Public API (everything else is an implementation module):
+  Learner(cfg, rank, world_size, model_dir)     one data-parallel rank (learner.learner)
+    .step(groups, version) -> metrics            every rank, same groups
+    .named_full_weights()                        (HF name, full tensor) for the weight-sync sender;
+                                                 every rank iterates it (collective)
+    .save(path, extra_state) / .load(path)       atomic HF-format checkpoints + exact-resume state
+    .maybe_save(checkpoints_dir, extra_state)    save every cfg.learner.save_every steps
+  LearnerGroup(cfg, world_size, model_dir)       N ranks as local processes (learner.launch)
+  spawn_ranks(fn, world_size, *args)             run fn(rank, world_size, *args) on N processes
+  latest_checkpoint(checkpoints_dir)             newest complete step_<N> directory
+  PROVIDERS / register_provider                  StepBatch inputs by name (learner.providers)
+  ProcessRewardModel, RuleStepChecker, HFTokenClassificationPRM   PURE's PRM interface (learner.pure_prm)
+Imports are lazy so `import learner` stays cheap and torch.distributed is touched only on use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "Learner": "learner.learner",
+    "LearnerGroup": "learner.launch",
+    "spawn_ranks": "learner.launch",
+    "latest_checkpoint": "learner.checkpoint",
+    "PROVIDERS": "learner.providers",
+    "register_provider": "learner.providers",
+    "ProcessRewardModel": "learner.pure_prm",
+    "RuleStepChecker": "learner.pure_prm",
+    "HFTokenClassificationPRM": "learner.pure_prm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'learner' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,120 @@
+"""Process-group setup and the few collectives the learner needs besides FSDP's own.
+
+- `init_distributed`: gloo on CPU, NCCL on GPU; a world of one gets a private TCP store on a free
+  port, so a single process needs no launcher.
+- `gather_rows`: every rank computes model outputs (π_prox, reference, PRM) for its own rows only;
+  the advantage needs them for the whole step, so they are all-gathered into the global row order.
+- `reduce_weighted`: metrics of micro-batches on all ranks → one weighted mean per key.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_device(rank: int) -> torch.device:
+    """cuda:LOCAL_RANK (or rank modulo the GPU count) when GPUs exist, else CPU."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        return torch.device("cuda", local % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(rank: int, world_size: int, device: torch.device, init_method: str | None = None,
+                     timeout_s: float = 600.0) -> None:
+    """Initialise the default process group (no-op when one exists with the same size).
+
+    init_method: e.g. "tcp://host:port"; default: env:// when MASTER_ADDR is set, else (world of one
+    only) a private store on a free local port.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise RuntimeError(f"a process group of size {dist.get_world_size()} (rank {dist.get_rank()}) "
+                               f"already exists; the learner was asked for rank {rank} of {world_size}")
+        return
+    if init_method is None:
+        if "MASTER_ADDR" in os.environ:
+            init_method = "env://"
+        elif world_size == 1:
+            init_method = f"tcp://127.0.0.1:{free_port()}"
+        else:
+            raise RuntimeError("world_size > 1 needs MASTER_ADDR/MASTER_PORT or an init_method "
+                               "(use learner.launch.spawn_ranks to start the ranks)")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def comm_device() -> torch.device:
+    """Where collective tensors must live (NCCL: the current GPU; gloo: CPU)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gather_rows(local: torch.Tensor, shards: list[list[int]], rank: int, num_rows: int) -> torch.Tensor:
+    """All-gather per-row tensors [b_rank, T] (rank's rows in `shards[rank]` order) into [num_rows, T].
+
+    Every rank passes the same `shards` (global row indices per rank) and width T.
+    """
+    world = len(shards)
+    if world == 1:
+        out = local.new_zeros((num_rows,) + tuple(local.shape[1:]))
+        out[torch.tensor(shards[0], dtype=torch.long, device=local.device)] = local
+        return out
+    dtype = local.dtype
+    dev = comm_device()
+    send = local.to(dev, torch.float32) if dtype == torch.bool else local.to(dev)
+    most = max(len(s) for s in shards)
+    padded = send.new_zeros((most,) + tuple(send.shape[1:]))
+    padded[:send.shape[0]] = send
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    out = send.new_zeros((num_rows,) + tuple(send.shape[1:]))
+    for r, idx in enumerate(shards):
+        if idx:
+            out[torch.tensor(idx, dtype=torch.long, device=dev)] = parts[r][:len(idx)]
+    out = out.to(local.device)
+    return out.bool() if dtype == torch.bool else out
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (float64)."""
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def all_reduce_extremes(value: int) -> tuple[int, int]:
+    """(min, max) of an integer over ranks."""
+    t = torch.tensor([value, -value], dtype=torch.int64, device=comm_device())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t[0]), int(-t[1])
+
+
+def reduce_weighted(sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+    """Σ_ranks sums[k] / Σ_ranks weights[k] for the union of keys over ranks."""
+    keys = set(sums)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, sorted(keys))
+        keys = set().union(*map(set, gathered))
+    order = sorted(keys)
+    total = all_reduce_sum([sums.get(k, 0.0) for k in order] + [weights.get(k, 0.0) for k in order])
+    n = len(order)
+    return {k: total[i] / total[n + i] for i, k in enumerate(order) if total[n + i] > 0}

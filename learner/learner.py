@@ -1,0 +1,252 @@
+"""The learner: one FSDP2 data-parallel rank that turns a list of groups into one optimiser step.
+
+It is algorithm-blind (algos/registry.py): for each step it
+  1. lays the step out (rows, whole-group shards per rank, length-sorted micro-batches; `batching`),
+  2. recomputes π_prox for its rows without grad, runs the providers `spec.requires(cfg)` names
+     (reference, PRIME PRM, PURE PRM; `providers`), and all-gathers their outputs into the global
+     `StepBatch`,
+  3. calls `spec.advantage` once on that global batch (every rank computes the same result),
+  4. for each micro-batch sums weight·component losses under the step's global `LossNorm` and
+     backpropagates (`train_step`), then clips (unless `spec.clip_grad` is False) and steps AdamW with
+     the scheduled LR; a non-finite gradient skips the step when `spec.skip_nonfinite_grad`.
+Every rank receives the same `groups` and calls every method (they contain collectives). Models are
+FSDP2-sharded when world_size > 1; a single rank trains the plain module (same maths, `fsdp=True`
+forces FSDP2). How the loss is normalised and scaled for FSDP's gradient averaging: `train_step`.
+Log-probs use `cfg.rollout.temperature` (behaviour log-probs are after temperature) except for specs
+that train on demonstrations only (SFT), which use 1.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+import algos
+from buffer.records import Group
+from learner import batching, checkpoint
+from learner.distributed import all_reduce_extremes, default_device, gather_rows, init_distributed
+from learner.fsdp import DTYPES, build_scorer, make_mesh, named_full_tensors
+from learner.optim import lr_at, make_adamw, optimizer_step, set_lr
+from learner.providers import ProviderContext, build_providers, run_scorer
+from learner.train_step import global_norm, train_microbatches
+
+
+class Learner:
+    """One rank. `Learner(cfg, rank, world_size, model_dir)`; then `step(groups, version)` on every rank.
+
+    micro_batch_tokens: optional cap on padded tokens (rows × longest sequence) per micro-batch, on
+    top of cfg.learner.micro_batch_samples rows. init_method: torch.distributed init URL (default
+    env:// or, for one rank, a private local store). fsdp: shard the models with FSDP2; default: when
+    world_size > 1 (one rank trains the plain module: same maths, no FSDP buffer copies).
+    """
+
+    def __init__(self, cfg, rank: int = 0, world_size: int | None = None, model_dir: str | Path | None = None, *,
+                 device: torch.device | str | None = None, init_method: str | None = None,
+                 micro_batch_tokens: int | None = None, fsdp: bool | None = None):
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = int(world_size or cfg.learner.world_size)
+        model_dir = model_dir if model_dir is not None else cfg.model.path
+        if model_dir is None:
+            raise ValueError("the learner needs an HF model directory: pass model_dir (the tiny model is built "
+                             "with tasks.tiny_model.build_tiny_model) or set model.path")
+        self.model_dir = Path(model_dir)
+        self.spec = algos.get(cfg.algo)
+        self.device = torch.device(device) if device is not None else default_device(rank)
+        init_distributed(rank, self.world_size, self.device, init_method)
+        torch.manual_seed(cfg.learner.seed)
+        self.mesh = make_mesh(self.device, self.world_size)
+        self.compute_dtype = DTYPES[cfg.model.dtype]
+        self.temperature = 1.0 if self.spec.trains_on_demonstrations_only else float(cfg.rollout.temperature)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.fsdp = self.world_size > 1 if fsdp is None else bool(fsdp)
+        if not self.fsdp and self.world_size > 1:
+            raise ValueError("fsdp=False needs world_size 1 (ranks share one model only through FSDP)")
+
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+        self.policy = self.build_model(trainable=True, activation_checkpointing=cfg.learner.activation_checkpointing)
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.vocab_size = int(self.policy.lm.get_output_embeddings().weight.shape[0])
+        lc = cfg.learner
+        self.opt = make_adamw(self.params, lc.lr, lc.betas, lc.weight_decay)
+        self._reference = None
+        self._ref_cache: tuple[ProviderContext, torch.Tensor] | None = None
+        self.providers = build_providers(self.spec.requires(cfg), self)
+        self.step_count = 0  # optimiser steps taken (skipped ones included): the LR schedule's clock
+        self.skipped_steps = 0
+        self.version = 0  # weight version after the last step (version passed to step() + 1)
+
+    # ------------------------------------------------------------------ models
+    def build_model(self, *, trainable: bool, activation_checkpointing: bool = False):
+        """A sharded `TokenScorer` initialised from the run's model directory."""
+        lc = self.cfg.learner
+        return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.cfg.model.dtype,
+                            trainable=trainable, temperature=self.temperature, chunk_tokens=lc.logprob_chunk_tokens,
+                            activation_checkpointing=activation_checkpointing, shard=self.fsdp)
+
+    def reference(self):
+        """The frozen initial policy (built once, shared by every provider that needs it)."""
+        if self._reference is None:
+            self._reference = self.build_model(trainable=False)
+        return self._reference
+
+    def reference_logprobs(self, ctx: ProviderContext) -> torch.Tensor:
+        """log π_ref of this rank's rows for the step of `ctx`, computed once per step however many
+        providers ask (the KL term and PRIME's frozen reference share it)."""
+        if self._ref_cache is None or self._ref_cache[0] is not ctx:
+            self._ref_cache = (ctx, run_scorer(self.reference(), ctx))
+        return self._ref_cache[1]
+
+    # ------------------------------------------------------------------ the step
+    def step(self, groups: list[Group], version: int) -> dict[str, float]:
+        """One optimiser step on the global batch `groups` (identical on every rank); returns metrics.
+
+        version: the learner's weight version at this step (the weights that compute π_prox); staleness
+        is measured against it and the weights become version + 1 (`self.version`). The metric "step"
+        counts optimiser steps taken so far, this one included (StepBatch.step is the 0-based index).
+        """
+        t0 = time.perf_counter()
+        cfg, spec = self.cfg, self.spec
+        rows, shards, mbs = self._layout(groups)
+        batch = batching.global_step_batch(rows, self.device, self.step_count)
+        metrics: dict[str, float] = {}
+        self._model_inputs(batch, rows, shards, mbs, metrics)
+        with torch.no_grad():
+            if spec.advantage is not None:
+                adv, adv_metrics = spec.advantage(batch, cfg)
+                metrics |= {k: float(v) for k, v in adv_metrics.items()}
+            else:
+                adv = torch.zeros_like(batch.response_mask)
+        norm = global_norm(batch, mbs, cfg.rollout.max_response_tokens)
+        lr = lr_at(self.step_count, peak=cfg.learner.lr, warmup=cfg.learner.warmup_steps,
+                   total=cfg.learner.steps, schedule=cfg.learner.lr_schedule)
+        set_lr(self.opt, lr)
+        t_train = time.perf_counter()
+        metrics |= train_microbatches(self.policy, spec, cfg, batch, adv, mbs, norm, self.world_size)
+        gnorm, stepped = optimizer_step(self.opt, self.params,
+                                        max_norm=cfg.learner.grad_clip if spec.clip_grad else None,
+                                        skip_nonfinite=spec.skip_nonfinite_grad,
+                                        what=f"{spec.name} step {self.step_count}")
+        metrics["time/update_s"] = time.perf_counter() - t_train
+        self.skipped_steps += int(not stepped)
+        self.step_count += 1
+        self.version = int(version) + 1
+        elapsed = time.perf_counter() - t0
+        tokens = sum(r.num_tokens for r in rows)
+        metrics |= batching.staleness_metrics(rows, int(version))
+        metrics |= {
+            "step": float(self.step_count), "version": float(version), "grad_norm": gnorm, "lr": lr,
+            "optim/stepped": float(stepped), "optim/skipped_steps": float(self.skipped_steps),
+            "reward/mean": float(batch.rewards.mean()), "batch/groups": float(len(groups)),
+            "batch/rows": float(len(rows)), "batch/tokens": float(tokens),
+            "batch/response_tokens": norm.num_tokens, "batch/microbatches_per_rank": float(len(mbs)),
+            "time/train_s": elapsed, "throughput/tokens_per_s": tokens / elapsed,
+            "throughput/samples_per_s": len(rows) / elapsed,
+        }
+        return metrics
+
+    def _layout(self, groups: list[Group]):
+        """(rows, per-rank row shards, this rank's micro-batches), identical plans checked across ranks."""
+        rows = batching.rows_from_groups(groups, self.vocab_size)
+        shards = batching.shard_groups(rows, self.world_size)
+        whole = self.spec.whole_groups_per_microbatch
+        plans = [batching.plan_microbatches(rows, s, self.cfg.learner.micro_batch_samples, whole_groups=whole,
+                                            max_tokens=self.micro_batch_tokens) for s in shards]
+        target = max(len(p) for p in plans)
+        plans = [batching.equalize(p, target, rows, whole) for p in plans]
+        lo, hi = all_reduce_extremes(batching.layout_digest(rows, plans))
+        if lo != hi:
+            raise RuntimeError("learner ranks received different batches; every rank must get the same groups "
+                               "in the same order")
+        mbs = [batching.make_microbatch(rows, idx, self.pad_id, self.device) for idx in plans[self.rank]]
+        return rows, shards, mbs
+
+    def _model_inputs(self, batch, rows, shards, mbs, metrics: dict[str, float]) -> None:
+        """Fill π_prox and every provider output into `batch`, each computed for this rank's rows and
+        all-gathered into the global row order."""
+        local = shards[self.rank]
+        width = batch.response_mask.shape[1]
+        lidx = torch.tensor(local, dtype=torch.long, device=self.device)
+        ctx = ProviderContext(rows=rows, local=local, microbatches=mbs, width=width,
+                              old_logprobs=torch.zeros(len(local), width, device=self.device),
+                              response_mask=batch.response_mask[lidx], rewards=batch.rewards[lidx],
+                              num_rows=len(rows), step=self.step_count)
+        t = time.perf_counter()
+        ctx.old_logprobs = run_scorer(self.policy, ctx) * ctx.response_mask
+        batch.old_logprobs = gather_rows(ctx.old_logprobs, shards, self.rank, len(rows))
+        metrics["time/logprob_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            for provider in self.providers.values():
+                for name, value in provider(ctx).items():
+                    full = gather_rows(value, shards, self.rank, len(rows))
+                    if name == "ref_logprobs":
+                        batch.ref_logprobs = full
+                    else:
+                        batch.extras[name] = full
+                metrics |= provider.metrics()
+        finally:
+            self._ref_cache = None
+        metrics["time/aux_models_s"] = time.perf_counter() - t
+
+    # ------------------------------------------------------------------ weights and checkpoints
+    def named_full_weights(self, dtype: torch.dtype | None = None):
+        """(HF name, full tensor) per parameter for the weight-sync sender. A collective: EVERY rank must
+        iterate it to the end (rank 0 hands the tensors to the sender, the others drain it)."""
+        for name, t in named_full_tensors(self.policy):
+            yield name, (t if dtype is None else t.to(dtype))
+
+    def maybe_save(self, checkpoints_dir: str | Path, extra_state: dict | None = None) -> Path | None:
+        """Save `checkpoints_dir/step_<N>` when cfg.learner.save_every divides the step count."""
+        every = self.cfg.learner.save_every
+        if every and self.step_count % every == 0:
+            return self.save(Path(checkpoints_dir) / f"step_{self.step_count}", extra_state)
+        return None
+
+    def save(self, path: str | Path, extra_state: dict | None = None) -> Path:
+        """Atomic checkpoint at `path` (see `learner.checkpoint`); every rank must call it."""
+        path = Path(path)
+        lm = self.policy.lm
+        with checkpoint.atomic_dir(path, self.rank) as tmp:
+            checkpoint.save_hf_model(self.policy, tmp, self.rank, config=lm.config, dtype=self.compute_dtype,
+                                     generation_config=getattr(lm, "generation_config", None),
+                                     tokenizer=self.tokenizer)
+            checkpoint.save_optimizer(self.opt, self.policy, tmp / checkpoint.TRAIN_STATE / "optimizer.safetensors",
+                                      self.rank)
+            checkpoint.save_rng(tmp, self.rank)
+            for provider in self.providers.values():
+                provider.save(tmp, self.rank)
+            if self.rank == 0:
+                checkpoint.write_json(tmp / "extra_state.json", extra_state or {}, "extra_state")
+                checkpoint.write_json(tmp / checkpoint.STATE_FILE, {
+                    "format": 1, "algo": self.spec.name, "step": self.step_count, "version": self.version,
+                    "skipped_steps": self.skipped_steps, "world_size": self.world_size,
+                    "providers": sorted(self.providers)}, "learner state")
+        return path
+
+    def load(self, path: str | Path) -> dict:
+        """Restore a checkpoint written by `save` (any world size); returns its extra_state."""
+        import json
+
+        path = Path(path)
+        state_file = path / checkpoint.STATE_FILE
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{path} is not a complete learner checkpoint (no {checkpoint.STATE_FILE})")
+        state = json.loads(state_file.read_text())
+        if state["algo"] != self.spec.name:
+            raise ValueError(f"{path} was saved by a {state['algo']!r} run; this learner runs {self.spec.name!r} "
+                             "(to start from its weights, pass the checkpoint directory as model_dir)")
+        checkpoint.load_hf_weights(self.policy, path)
+        checkpoint.load_optimizer(self.opt, self.policy, path / checkpoint.TRAIN_STATE / "optimizer.safetensors")
+        checkpoint.load_rng(path, self.rank)
+        for provider in self.providers.values():
+            provider.load(path)
+        self.step_count, self.version = int(state["step"]), int(state["version"])
+        self.skipped_steps = int(state["skipped_steps"])
+        return json.loads((path / "extra_state.json").read_text())

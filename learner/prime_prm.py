@@ -1,0 +1,125 @@
+"""PRIME's implicit process reward model π_φ as the provider of extras["prime_q"].
+
+π_φ is a causal LM initialised from the policy checkpoint, sharded like the policy, trained with its
+own AdamW (`prime.prm_lr`, betas (0.9, 0.999), no weight decay, constant LR, grad clip
+`prime.prm_grad_clip`) on the CE loss of `algos.prime_prm.prm_ce_loss`:
+  L = Σ_i BCE(σ(β Σ_t q_{i,t} M_{i,t}), v_i) / (rows of the whole step, all ranks),
+  q = log π_φ − log π_ref, π_ref = the frozen initial policy (`prime.ref = freeze`) or the batch's
+  π_prox (`prime.ref = policy`); v_i = the verifier reward clamped to [0, 1].
+One PRM optimiser step per learner step (the step's batch is PRIME's mini-batch). Update order
+(`prime.update`, ALGORITHMS.md / REFERENCE_NOTES §2.4):
+  single  the q returned come from the same forward pass that produces the CE loss, i.e. from π_φ
+          *before* this step's PRM update (PRIME-orig `after`);
+  double  update first, then re-score with the updated π_φ (no grad) and return those q (verl `before`).
+A non-finite PRM gradient skips the PRM step (counted in prime/prm_skipped); it never stops training.
+FSDP averages gradients over ranks, so the loss is multiplied by the world size (as the policy's).
+Metrics: prime/prm_loss, prime/prm_grad_norm, prime/prm_version (PRM optimiser steps so far),
+prime/prm_skipped, prime/prm_lr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from algos.prime_prm import prm_ce_loss
+from learner.checkpoint import (
+    TRAIN_STATE,
+    load_hf_weights,
+    load_optimizer,
+    save_hf_model,
+    save_optimizer,
+    write_json,
+)
+from learner.distributed import all_reduce_sum
+from learner.optim import make_adamw, optimizer_step
+from learner.providers import Provider, ProviderContext, register_provider, run_scorer
+
+if TYPE_CHECKING:
+    from learner.learner import Learner
+
+UPDATES = ("single", "double")
+REFS = ("freeze", "policy")
+
+
+@register_provider("prime_q")
+class ImplicitPRM(Provider):
+    def __init__(self, learner: Learner):
+        pc = learner.cfg.prime
+        if pc.update not in UPDATES:
+            raise ValueError(f"unknown prime.update {pc.update!r}; choose one of {UPDATES}")
+        if pc.ref not in REFS:
+            raise ValueError(f"unknown prime.ref {pc.ref!r}; choose one of {REFS}")
+        self.pc = pc
+        self.world_size = learner.world_size
+        self.rank = learner.rank
+        self.model = learner.build_model(trainable=True)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = make_adamw(self.params, pc.prm_lr, (0.9, 0.999), 0.0)
+        self.learner = learner
+        if pc.ref == "freeze":
+            learner.reference()
+        self.version = 0
+        self.skipped = 0
+        self._metrics: dict[str, float] = {}
+        self._lm = self.model.lm
+        self._dtype = learner.compute_dtype
+
+    def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
+        pc = self.pc
+        ref = self.learner.reference_logprobs(ctx) if pc.ref == "freeze" else ctx.old_logprobs
+        mask = ctx.response_mask
+        acc = ctx.rewards.float().clamp(0.0, 1.0)
+        pos = {g: i for i, g in enumerate(ctx.local)}
+        loss_sum = [0.0]
+
+        def backward(mb, logp: torch.Tensor) -> None:
+            if mb.dummy:
+                (logp.sum() * 0.0).backward()
+                return
+            idx = torch.tensor([pos[g] for g in mb.rows], dtype=torch.long, device=logp.device)
+            m = mask[idx, :mb.width]
+            q = (logp - ref[idx, :mb.width]) * m
+            loss = prm_ce_loss(q, acc[idx], m, pc.beta, reduction="sum") / max(ctx.num_rows, 1)
+            (loss * self.world_size).backward()
+            loss_sum[0] += float(loss.detach())
+
+        prm_logp = run_scorer(self.model, ctx, grad=True, per_microbatch=backward)
+        norm, stepped = optimizer_step(self.opt, self.params, max_norm=pc.prm_grad_clip, skip_nonfinite=True,
+                                       what="PRIME PRM")
+        self.version += int(stepped)
+        self.skipped += int(not stepped)
+        if pc.update == "double":
+            prm_logp = run_scorer(self.model, ctx)
+        (loss,) = all_reduce_sum(loss_sum)
+        self._metrics = {"prime/prm_loss": loss, "prime/prm_grad_norm": norm,
+                         "prime/prm_version": float(self.version), "prime/prm_skipped": float(self.skipped),
+                         "prime/prm_lr": pc.prm_lr}
+        return {"prime_q": (prm_logp - ref) * mask}
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def save(self, directory: Path, rank: int) -> None:
+        d = directory / "prime_prm"
+        if rank == 0:
+            d.mkdir(exist_ok=True)
+        save_hf_model(self.model, d, rank, config=self._lm.config, dtype=self._dtype)
+        if rank == 0:
+            (d / TRAIN_STATE).mkdir(exist_ok=True)
+        save_optimizer(self.opt, self.model, d / TRAIN_STATE / "optimizer.safetensors", rank)
+        if rank == 0:
+            write_json(d / "prm_state.json", {"version": self.version, "skipped": self.skipped}, "PRM state")
+
+    def load(self, directory: Path) -> None:
+        d = directory / "prime_prm"
+        if not (d / "prm_state.json").is_file():
+            raise FileNotFoundError(f"{directory} holds no PRIME PRM state (prime_prm/prm_state.json); it was "
+                                    "not saved by a PRIME run")
+        load_hf_weights(self.model, d)
+        load_optimizer(self.opt, self.model, d / TRAIN_STATE / "optimizer.safetensors")
+        state = json.loads((d / "prm_state.json").read_text())
+        self.version, self.skipped = int(state["version"]), int(state["skipped"])

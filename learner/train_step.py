@@ -1,0 +1,116 @@
+"""The loss side of one optimiser step: global normalisers, the registry's loss terms, backward.
+
+Global normalisation (ALGORITHMS.md "Loss aggregation"): each micro-batch's loss is divided by
+counts of the *whole* step — `LossNorm` merged over this rank's micro-batches, then summed over ranks
+with one all-reduce before any backward — so Σ over micro-batches and ranks of the micro-batch losses
+is exactly the loss of the full batch.
+
+FSDP gradient averaging: FSDP2 reduce-scatters gradients with an *average* over the data-parallel
+ranks, but the step's gradient is the *sum* of the ranks' partial gradients (each already divided by
+the global counts). Every backward therefore uses loss × world_size; the average then equals the sum
+(exactly, for power-of-two world sizes), and one rank with the whole batch gets the same update.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import fields, replace
+
+import torch
+import torch.distributed as dist
+
+from algos.aggregation import LossNorm
+from algos.registry import AlgoSpec, LossContext, StepBatch
+from learner.batching import MicroBatch
+from learner.distributed import all_reduce_sum, reduce_weighted
+
+
+def global_norm(batch: StepBatch, microbatches: list[MicroBatch], max_len: int) -> LossNorm:
+    """LossNorm of the whole step: this rank's micro-batches merged, then all-reduced over ranks."""
+    norm = LossNorm(0.0, 0.0, 0.0, float(max_len))
+    for mb in microbatches:
+        if not mb.dummy:
+            mask = batch.response_mask[torch.tensor(mb.rows, device=batch.response_mask.device)]
+            norm = norm.merge(LossNorm.local(mask, max_len=max_len))
+    tokens, seqs, rows = all_reduce_sum([norm.num_tokens, norm.num_seqs, norm.num_rows])
+    return LossNorm(tokens, seqs, rows, float(max_len))
+
+
+def narrow(batch: StepBatch, width: int) -> StepBatch:
+    """The batch with every [B, T] tensor cut to its first `width` columns (the micro-batch's own width)."""
+    t = batch.response_mask.shape[1]
+
+    def cut(v):
+        if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[1] == t:
+            return v[:, :width]
+        return v
+
+    out = {f.name: cut(getattr(batch, f.name)) for f in fields(batch) if f.name != "extras"}
+    return replace(batch, **out, extras={k: cut(v) for k, v in batch.extras.items()})
+
+
+def active_components(spec: AlgoSpec, cfg) -> list[tuple]:
+    """(component, weight) for the spec's loss terms whose weight under cfg is non-zero."""
+    out = []
+    for c in spec.losses:
+        w = float(c.weight(cfg))
+        if w != 0.0:
+            out.append((c, w))
+    return out
+
+
+def _union_over_ranks(keys: set[str]) -> set[str]:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, sorted(keys))
+        return set().union(*map(set, gathered))
+    return keys
+
+
+def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: StepBatch, advantages: torch.Tensor,
+                       microbatches: list[MicroBatch], norm: LossNorm, world_size: int) -> dict[str, float]:
+    """Forward/backward every micro-batch (gradients accumulate); returns metrics reduced over ranks.
+
+    loss/<component> and loss/total are sums over micro-batches and ranks (each part is already
+    divided by the global counts, so the sum is the step's loss). A component metric equal to its
+    term's loss (e.g. sft/nll, entropy) is summed the same way; every other metric is a mean over
+    micro-batches weighted by response tokens (maxima such as is/weight_max become such means too).
+    """
+    comps = active_components(spec, cfg)
+    if not comps:
+        raise ValueError(f"every loss term of {spec.name!r} has weight 0 under this config; nothing to train")
+    need_entropy = any(c.needs_entropy for c, _ in comps)
+    device = batch.response_mask.device
+    loss_sums: dict[str, float] = defaultdict(float)
+    msum: dict[str, float] = defaultdict(float)
+    mweight: dict[str, float] = defaultdict(float)
+    summed: set[str] = set()
+    for mb in microbatches:
+        logp, ent = policy(mb.input_ids, mb.attention_mask, mb.positions, mb.targets, with_entropy=need_entropy)
+        if mb.dummy:  # keeps FSDP's collectives in step with ranks that have more work
+            ((logp.sum() + (ent.sum() if ent is not None else 0.0)) * 0.0).backward()
+            continue
+        idx = torch.tensor(mb.rows, dtype=torch.long, device=device)
+        sub = narrow(batch.rows(idx), mb.width)
+        ctx = LossContext(logprobs=mb.scatter(logp), entropy=mb.scatter(ent) if ent is not None else None,
+                          batch=sub, advantages=advantages[idx, :mb.width], norm=norm)
+        total = torch.zeros((), device=device)
+        weight = float(sub.response_mask.sum())
+        for comp, w in comps:
+            term = comp.fn(ctx, cfg)
+            total = total + w * term.loss
+            loss_value = float(term.loss.detach())
+            loss_sums[f"loss/{comp.name}"] += loss_value
+            for k, v in term.metrics.items():
+                v = float(v)
+                if v == loss_value:  # the term's own (globally normalised) loss: a partial sum
+                    summed.add(k)
+                    loss_sums[k] += v
+                else:
+                    msum[k] += v * weight
+                    mweight[k] += weight
+        (total * world_size).backward()
+        loss_sums["loss/total"] += float(total.detach())
+    keys = sorted({f"loss/{c.name}" for c, _ in comps} | {"loss/total"} | _union_over_ranks(summed))
+    totals = dict(zip(keys, all_reduce_sum([loss_sums.get(k, 0.0) for k in keys])))
+    return totals | reduce_weighted(dict(msum), dict(mweight))

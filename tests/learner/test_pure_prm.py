@@ -1,0 +1,87 @@
+"""PURE's process reward: per-token decoding, step ends, the rule checker and the HF token-classification
+PRM behind one interface, and the "process_rewards" provider inside a learner step."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForTokenClassification
+
+from learner.learner import Learner
+from learner.pure_prm import HFTokenClassificationPRM, RuleStepChecker, score_response, token_texts
+from tests.learner.helpers import make_cfg, make_groups
+
+SOLUTION = "2+7+0=9, 9\n\n1+0+0=1, 19\n\n\\boxed{19}"  # Problem(12, "+", 7).solution
+
+
+def _ids(tokenizer, text, eos=True):
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
+
+
+def test_token_texts_join_to_the_response(tokenizer):
+    ids = _ids(tokenizer, "2+7\n\n")
+    assert token_texts(tokenizer, ids) == ["2", "+", "7", "\n", "\n", ""]  # eos decodes to ""
+
+
+@pytest.mark.parametrize("text,scores", [
+    (SOLUTION, [1.0, 1.0, 1.0]),
+    (SOLUTION.replace("1+0+0=1, 19", "1+0+0=2, 29").replace("{19}", "{29}"), [1.0, -1.0, -1.0]),
+    ("2+7+0=9, 9\n\nI think", [1.0, 0.0]),
+])
+def test_rule_checker_step_ends_and_scores(tokenizer, text, scores):
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12+7?"}], tokenize=True,
+                                           add_generation_prompt=True)
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    ends, got = score_response(RuleStepChecker(), tokenizer, prompt, _ids(tokenizer, text))
+    # "2+7+0=9, 9\n\n" is 12 characters (tokens 0..11): the first step ends at token 11; the second
+    # step "1+0+0=1, 19\n\n" (13) ends at 24; the final step ends at the eos (the last token).
+    n = len(text) + 1
+    assert ends == ([11, 24, n - 1] if len(scores) == 3 else [11, n - 1])
+    assert got == scores
+
+
+@pytest.fixture(scope="module")
+def hf_prm_dir(tiny_dir, tokenizer, tmp_path_factory):
+    cfg = LlamaConfig.from_pretrained(tiny_dir)
+    cfg.num_labels = 2
+    torch.manual_seed(3)
+    model = LlamaForTokenClassification(cfg)
+    out = tmp_path_factory.mktemp("prm") / "tiny_prm"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_hf_prm_reads_softmax_difference_at_step_tags(hf_prm_dir, tokenizer):
+    prm = HFTokenClassificationPRM(hf_prm_dir)
+    prompt, response = "ab", "x\n\nyz"
+    ids, tags = prm.encode(prompt, response, [(0, 3), (3, 5)])
+    nl = tokenizer.convert_tokens_to_ids("\n")
+    # prompt "a" "b", step 1 "x" (its "\n\n" separator removed) + tag, step 2 "y" "z" + tag
+    assert ids == tokenizer("abx", add_special_tokens=False)["input_ids"] + [nl] + \
+        tokenizer("yz", add_special_tokens=False)["input_ids"] + [nl]
+    assert tags == [3, 6]
+    scores = prm.score_steps(prompt, response, [(0, 3), (3, 5)])
+    with torch.no_grad():
+        logits = prm.model(input_ids=torch.tensor([ids])).logits[0]
+    p = torch.softmax(logits, -1)
+    expected = (p[:, 1] - p[:, 0])[tags]
+    np.testing.assert_allclose(scores, expected.numpy(), atol=1e-6)
+    assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
+    assert prm.score_steps(prompt, response, []) == []
+
+
+def test_rule_checker_needs_an_arithmetic_prompt():
+    with pytest.raises(ValueError, match="What is"):
+        RuleStepChecker().score_steps("Tell me a story", "once\n\n", [(0, 6)])
+
+
+def test_pure_step_with_the_hf_prm(tiny_dir, tokenizer, hf_prm_dir):
+    cfg = make_cfg("pure", pure={"prm": "hf", "prm_path": str(hf_prm_dir)})
+    learner = Learner(cfg, 0, 1, tiny_dir)
+    groups = make_groups(tokenizer, 2, 4)
+    m = learner.step(groups, 0)
+    prm = HFTokenClassificationPRM(hf_prm_dir)
+    scores = [s for g in groups for smp in g.samples
+              for s in score_response(prm, tokenizer, g.prompt_tokens, smp.tokens)[1]]
+    assert m["pure/step_score_mean"] == pytest.approx(float(np.mean(scores)), abs=1e-6)
+    assert m["pure/min_step_score"] < m["pure/step_score_mean"]
