@@ -36,13 +36,13 @@ class ModelConfig(Section):
     tiny: TinyModelConfig = TinyModelConfig()
     cache_dir: str = Field(".cache/models", description="where the tiny model and its SFT warm-up are cached")
     sft_warmup_steps: int = Field(
-        300, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
-    sft_error_rate: float = Field(0.35, ge=0, le=1, description="probability a warm-up demonstration holds an error")
+        200, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
+    sft_error_rate: float = Field(0.3, ge=0, le=1, description="probability a warm-up demonstration holds an error")
 
 
 class ArithmeticTaskConfig(Section):
     min_digits: int = Field(1, ge=1, description="digits of the smallest operand")
-    max_digits: int = Field(3, ge=1, description="digits of the largest operand")
+    max_digits: int = Field(2, ge=1, description="digits of the largest operand")
     ops: list[Literal["+", "-", "*"]] = Field(["+", "-"], description="operators to draw from")
 
 
@@ -53,7 +53,7 @@ class DataConfig(Section):
     demos: str | None = Field(None, description="teacher/demonstration trajectories (parquet/JSONL with a `target`) "
                                                 "for LUFFY and SFT; null with the synthetic task = generate them")
     arithmetic: ArithmeticTaskConfig = ArithmeticTaskConfig()
-    train_prompts: int = Field(20000, gt=0, description="synthetic train prompts to generate")
+    train_prompts: int = Field(10000, gt=0, description="synthetic train prompts to generate")
     eval_prompts: int = Field(200, gt=0, description="held-out prompts used by each evaluation")
     max_prompt_tokens: int = Field(256, gt=0, description="prompts longer than this (tokens) are skipped and counted")
     seed: int = Field(0, description="data generation / shuffling seed")

@@ -1,0 +1,288 @@
+"""The client actors and the learner use to talk to the buffer service (ZMQ DEALER, request/reply).
+
+One request is in flight at a time per client (calls are serialised by a lock; use one client per
+thread for parallelism). Each request carries an id; a reply to an earlier, abandoned request is
+discarded. If no reply arrives within the deadline the socket is replaced by a fresh one with the same
+client id (the service hands the identity over, so the client keeps its credits) and the call raises
+`BufferUnavailable`; the next call goes out on the new socket, so a restarted buffer is picked up
+transparently. Pushes are safe to repeat after such an error: the buffer recognises a group_id it
+already holds and does not store it twice.
+
+A request the buffer rejects comes back as a structured reply: `push_group` turns it into
+`Ack(accepted=False, reason, message)`, other calls raise `BufferRequestError(reason, message)`.
+
+Beyond the agreed API (all optional): `push_groups` / `push_and_request_credit` send several groups
+(and the next credit request) in one round trip; `request_credit(..., wait_s)` lets the buffer hold the
+request until it can grant something instead of the actor polling; `pull_batch(..., version=v)` does
+set_version(v) and the pull in one round trip; `last_pull` holds the served groups' lags.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from buffer.checks import Limits, WireError
+from buffer.records import Group
+from buffer.wire import (
+    decode_reply,
+    encode_demos,
+    encode_group,
+    encode_request,
+    groups_from_reply,
+    parse_demos,
+)
+
+_REPLY_LIMITS = Limits(max_message_bytes=1 << 40, max_header_bytes=256 << 20, max_frames=1 << 22,
+                       max_samples=1 << 20, max_tokens=1 << 30, max_list=1 << 26)
+
+
+class BufferUnavailable(ConnectionError):
+    """The buffer did not answer within the client's timeout."""
+
+
+class BufferRequestError(WireError):
+    """The buffer answered with an error reply (e.g. a rejected message); `reason` is its code."""
+
+
+@dataclass(frozen=True)
+class Credit:
+    granted: int  # prompts (groups) the actor may start now
+    learner_version: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    accepted: bool  # the buffer holds the group (or already held it: reason "duplicate")
+    reason: str  # "ok", "duplicate", "stale", "filtered_extreme", "missing_demo", a wire reason code, ...
+    message: str = ""
+
+
+class BufferClient:
+    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0, *, context: zmq.Context | None = None,
+                 demo_chunk_mb: float = 8.0, max_message_mb: float = 64.0):
+        ident = client_id.encode()
+        if not 1 <= len(ident) <= 255 or ident[0] == 0:
+            raise ValueError(f"client_id {client_id!r}: must be 1-255 bytes and not start with a NUL byte")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.address, self.client_id, self.timeout_s = address, client_id, float(timeout_s)
+        self._ident = ident
+        self._ctx = context or zmq.Context.instance()
+        self._lock = threading.Lock()
+        self._req = random.SystemRandom().randrange(1 << 40)  # distinct from any earlier client with this id
+        self._demo_chunk = int(demo_chunk_mb * (1 << 20))
+        self._max_message = int(max_message_mb * (1 << 20))  # pushes are split to stay under the buffer's limit
+        self._sock: zmq.Socket | None = None
+        self.last_pull: dict = {}  # version, lags, dropped_stale of the latest pull_batch
+        self._connect()
+
+    # ---- plumbing --------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, self._ident)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.address)
+        self._sock = s
+
+    def reconnect(self) -> None:
+        """Replace the socket by a fresh one with the same client id (done automatically on timeouts)."""
+        if self._sock is not None:
+            self._sock.close(0)
+        self._connect()
+
+    def _call(self, type_: str, fields: dict | None = None, payload=(), wait_s: float | None = None):
+        return self._call_many([(type_, fields, payload)], wait_s)[0]
+
+    def _call_many(self, requests: list, wait_s: float | None = None) -> list:
+        """Send all requests back to back (pipelined), then collect one reply per request."""
+        with self._lock:
+            if self._sock is None:
+                raise RuntimeError("BufferClient is closed")
+            wait = self.timeout_s if wait_s is None else wait_s
+            deadline = time.monotonic() + wait
+            first = self._req + 1
+            self._req += len(requests)
+            replies: dict[int, object] = {}
+            what = requests[0][0] if len(requests) == 1 else f"{len(requests)} requests"
+            try:
+                for k, (type_, fields, payload) in enumerate(requests):
+                    self._sock.send_multipart(encode_request(type_, first + k, fields, payload), copy=False)
+                while len(replies) < len(requests):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                        raise BufferUnavailable(f"buffer at {self.address} did not answer {what!r} within "
+                                                f"{wait:.1f}s")
+                    rep = decode_reply(self._sock.recv_multipart(copy=False), _REPLY_LIMITS)
+                    if rep.req == -1 and not rep.ok:  # unreadable request: blame the oldest unanswered one
+                        rep.req = next(r for r in range(first, first + len(requests)) if r not in replies)
+                    if first <= rep.req < first + len(requests):
+                        replies[rep.req] = rep
+                    # else: the reply to an earlier, abandoned request; drop it
+            except BufferUnavailable:
+                self.reconnect()
+                raise
+            except zmq.ZMQError as e:
+                self.reconnect()
+                raise BufferUnavailable(f"buffer at {self.address}: {e}") from e
+            return [replies[first + k] for k in range(len(requests))]
+
+    @staticmethod
+    def _check(rep) -> None:
+        if not rep.ok:
+            raise BufferRequestError(rep.reason, rep.message)
+
+    # ---- actor side ------------------------------------------------------------------------------------
+    def request_credit(self, want: int, actor_version: int, wait_s: float = 0.0) -> Credit:
+        """Ask to start `want` prompts with weights of `actor_version`; start only `granted` of them.
+        With wait_s > 0 the buffer holds the request until it can grant something, or until wait_s, or
+        until it is clear no credit can come before the actor loads newer weights (then granted is 0 and
+        learner_version says which version to load) — no polling needed."""
+        rep = self._call("credit", self._credit_fields(want, actor_version, wait_s), wait_s=wait_s + self.timeout_s)
+        self._check(rep)
+        return Credit(rep.fields["granted"], rep.fields["learner_version"])
+
+    def push_group(self, group: Group) -> Ack:
+        """Send one finished group (uses one credit). Bad data comes back as Ack(False, reason, message)."""
+        return self._push([group])[0][0]
+
+    def push_groups(self, groups: list[Group]) -> list[Ack]:
+        """Push several groups in one round trip (one Ack each, same order)."""
+        return self._push(groups)[0]
+
+    def push_and_request_credit(self, groups: list[Group], want: int, actor_version: int,
+                                wait_s: float = 0.0) -> tuple[list[Ack], Credit]:
+        """push_groups(groups), then request_credit(want, actor_version, wait_s) once they are admitted, in
+        one round trip (requests are pipelined; the buffer handles one client's requests in order)."""
+        credit = ("credit", self._credit_fields(want, actor_version, wait_s), ())
+        acks, granted = self._push(groups, credit, wait_s)
+        return acks, granted
+
+    @staticmethod
+    def _credit_fields(want: int, actor_version: int, wait_s: float) -> dict:
+        fields = {"want": int(want), "actor_version": int(actor_version)}
+        if wait_s > 0:
+            fields["wait_ms"] = int(wait_s * 1000)
+        return fields
+
+    def _push(self, groups: list[Group], then: tuple | None = None,
+              wait_s: float = 0.0) -> tuple[list[Ack], Credit | None]:
+        acks: list[Ack | None] = [None] * len(groups)
+        messages: list[tuple[list[int], list]] = []  # (group slots, frames), each under the message limit
+        size = self._max_message
+        for i, g in enumerate(groups):
+            try:
+                frames = encode_group(g)
+            except WireError as e:  # never reaches the buffer: its credit is given back below
+                acks[i] = Ack(False, e.reason, e.message)
+                continue
+            nbytes = sum(memoryview(f).nbytes for f in frames)
+            if size + nbytes > self._max_message:
+                messages.append(([], []))
+                size = 1024
+            messages[-1][0].append(i)
+            messages[-1][1].extend(frames)
+            size += nbytes
+        requests = [("push", {"count": len(slots)}, frames) for slots, frames in messages]
+        local_failures = sum(a is not None for a in acks)
+        if local_failures:
+            requests.append(("release", {"n": local_failures}, ()))
+        if then:
+            requests.append(then)
+        replies = self._call_many(requests, wait_s + self.timeout_s) if requests else []
+        for (slots, _), rep in zip(messages, replies):
+            for k, i in enumerate(slots):
+                if not rep.ok:  # the whole message was refused (e.g. too large)
+                    acks[i] = Ack(False, rep.reason, rep.message)
+                else:
+                    accepted, reason, message = rep.fields["acks"][k]
+                    acks[i] = Ack(bool(accepted), reason, message)
+        credit = None
+        if then:
+            self._check(replies[-1])
+            credit = Credit(replies[-1].fields["granted"], replies[-1].fields["learner_version"])
+        return acks, credit
+
+    def release_credit(self, n: int) -> None:
+        """Give back unused credit (e.g. an actor stopping; a restarted actor can release 2**20 to drop
+        whatever an earlier incarnation with the same client_id still held)."""
+        self._check(self._call("release", {"n": max(0, min(int(n), 1 << 20))}))
+
+    def get_demos(self, prompt_indices: list[int]) -> dict[int, np.ndarray]:
+        """Demonstration tokens (int32) of the given prompts; prompts without one are absent."""
+        rep = self._call("get_demos", {"indices": [int(i) for i in prompt_indices]})
+        self._check(rep)
+        return {i: a for i, a, _ in parse_demos(rep.fields, rep.payload, _REPLY_LIMITS, "get_demos reply")}
+
+    # ---- learner side ----------------------------------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        self._check(self._call("set_version", {"version": int(version)}))
+
+    def pull_batch(self, num_groups: int, timeout_s: float, version: int | None = None) -> list[Group]:
+        """Exactly `num_groups` whole groups, FIFO, none staler than max_staleness; TimeoutError if the buffer
+        does not have them within `timeout_s`. `version` (optional) = set_version(version) first, in the
+        same round trip."""
+        fields = {"num_groups": int(num_groups), "timeout_ms": int(max(0.0, timeout_s) * 1000)}
+        if version is not None:
+            fields["version"] = int(version)
+        rep = self._call("pull", fields, wait_s=max(0.0, timeout_s) + self.timeout_s)
+        if not rep.ok and rep.reason == "timeout":
+            raise TimeoutError(f"pull_batch({num_groups}): {rep.message} after {timeout_s:.1f}s")
+        self._check(rep)
+        groups = [wg.to_group() for wg in groups_from_reply(rep, _REPLY_LIMITS)]
+        if len(groups) != num_groups:
+            raise BufferRequestError("bad_frames", f"asked for {num_groups} groups, got {len(groups)}")
+        self.last_pull = {k: rep.fields.get(k) for k in ("version", "lags", "dropped_stale")}
+        return groups
+
+    def add_demos(self, demos: dict[int, np.ndarray], rewards: dict[int, float] | float = 1.0) -> None:
+        """Store demonstrations (token arrays keyed by prompt_index; reward of the attached rows, default 1)."""
+        chunk: dict[int, np.ndarray] = {}
+        size = 0
+        for i, toks in demos.items():
+            chunk[i] = toks
+            size += np.asarray(toks).size * 4
+            if size >= self._demo_chunk:
+                self._send_demos(chunk, rewards)
+                chunk, size = {}, 0
+        if chunk or not demos:
+            self._send_demos(chunk, rewards)
+
+    def _send_demos(self, chunk: dict[int, np.ndarray], rewards) -> None:
+        fields, frames = encode_demos(chunk, rewards)
+        self._check(self._call("add_demos", fields, frames))
+
+    def stats(self) -> dict:
+        rep = self._call("stats")
+        self._check(rep)
+        return rep.fields["stats"]
+
+    def snapshot(self, path: str) -> None:
+        self._check(self._call("snapshot", {"path": os.path.abspath(path)}))
+
+    def restore(self, path: str) -> None:
+        self._check(self._call("restore", {"path": os.path.abspath(path)}))
+
+    def ping(self) -> int:
+        """Round trip; returns the learner version."""
+        rep = self._call("ping")
+        self._check(rep)
+        return rep.fields["version"]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
+
+    def __enter__(self) -> BufferClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,282 @@
+"""The buffer service: one process, one ZMQ ROUTER socket, a single-threaded event loop over `BufferCore`.
+
+Every message is decoded with the wire checks; a bad one is counted by reason, logged (rate-limited) and
+answered with a structured error reply carrying its request id, and the loop carries on: no input can
+crash the service or touch accepted data. Blocking pulls are parked until enough groups arrive or their
+deadline passes (then a "timeout" reply), so one slow learner never blocks actors. Stored groups are
+sent on as the exact frames that were validated on arrival (zero-copy, no re-encoding).
+
+Socket options: ROUTER_HANDOVER lets a reconnecting client (new socket, same client id) take over its
+identity, keeping its credits; ROUTER_MANDATORY turns a reply to a vanished client into an error, so a
+batch that could not be delivered goes back to the head of the queue instead of being lost; MAXMSGSIZE
+disconnects a peer sending a single frame far above the message limit before it is buffered.
+
+Run it with `python -m buffer.service [--config FILE.json] ...` (see `buffer.process`) or
+`start_buffer_process(cfg)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import zmq
+
+from buffer.checks import WireError
+from buffer.core import BufferCore
+from buffer.settings import BufferSettings
+from buffer.snapshot import restore_snapshot, write_snapshot
+from buffer.wire import Request, decode_request, encode_demos, encode_reply
+
+log = logging.getLogger("buffer.service")
+
+
+@dataclass
+class _Wait:
+    """A parked request: a pull waiting for groups, or a credit request waiting for room."""
+
+    ident: bytes
+    req: int
+    deadline: float
+    num: int = 0  # pull: groups wanted
+    client: str = ""  # credit: who asks, how many, with which weights
+    want: int = 0
+    actor_version: int = 0
+
+
+class BufferService:
+    def __init__(self, settings: BufferSettings, context: zmq.Context | None = None, parent_pid: int | None = None):
+        self.settings = settings
+        self.core = BufferCore(settings)
+        self.limits = settings.limits
+        self.parent_pid = parent_pid
+        self.ctx = context or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes + (1 << 20))
+        self.sock.bind(settings.bind_address)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.pending: list[_Wait] = []  # pulls, FIFO
+        self.pending_credit: list[_Wait] = []
+        self.running = False
+        self.started = time.monotonic()
+        self._logged: Counter = Counter()
+        self._handlers = {"ping": self._ping, "stats": self._stats, "credit": self._credit,
+                          "release": self._release, "push": self._push, "set_version": self._set_version,
+                          "pull": self._pull, "add_demos": self._add_demos, "get_demos": self._get_demos,
+                          "snapshot": self._snapshot, "restore": self._restore}
+
+    # ---- loop ------------------------------------------------------------------------------------------
+    def serve_forever(self, stop=None) -> None:
+        """Run until `stop()` (or the `stop` event is set, or the parent process is gone)."""
+        self.running = True
+        next_chores = 0.0
+        log.info("buffer listening on %s (K=%d, B=%d)", self.address, self.settings.max_staleness,
+                 self.settings.batch_prompts)
+        try:
+            while self.running and not (stop is not None and stop.is_set()):
+                now = time.monotonic()
+                wait = min([0.1] + [max(0.0, p.deadline - now) for p in self.pending + self.pending_credit])
+                if self.sock.poll(int(wait * 1000) + 1):
+                    for _ in range(256):
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self.handle(frames)
+                try:
+                    self._serve_waiting()
+                    if time.monotonic() >= next_chores:
+                        next_chores = time.monotonic() + 1.0
+                        self._chores()
+                except Exception:  # a bug of ours must not take the buffer down
+                    self.core.counts["internal_errors"] += 1
+                    log.exception("internal error in the service loop")
+        finally:
+            self.sock.close(0)
+
+    def stop(self) -> None:
+        self.running = False
+
+    def _chores(self) -> None:
+        n = self.core.expire_credits()
+        if n:
+            log.warning("reclaimed %d credits from clients silent for %.0fs", n, self.settings.credit_ttl_s)
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.warning("parent process %d is gone; buffer exiting", self.parent_pid)
+            self.running = False
+        every = self.settings.log_every_s
+        if every > 0 and time.monotonic() - getattr(self, "_last_log", self.started) >= every:
+            self._last_log = time.monotonic()
+            s = self.core.stats()
+            log.info("buffer v%d: %d groups stored, in %d out %d, dropped_stale %d, rejected %d, credits %d",
+                     s["version"], s["occupancy_groups"], s["groups_in"], s["groups_out"], s["dropped_stale"],
+                     s["rejected_total"], s["credits_outstanding"])
+
+    # ---- messages --------------------------------------------------------------------------------------
+    def handle(self, frames: list) -> None:
+        """Handle one routed message [identity, *body]. Never raises."""
+        ident = frames[0].bytes
+        client = ident.decode("utf-8", "backslashreplace")
+        req, msg_type = None, None
+        try:
+            request = decode_request(frames[1:], self.limits)
+            req, msg_type = request.req, request.type
+            self.core.touch(client)
+            # A client has one request in flight at a time (pipelined pushes come before any waiting
+            # request), so a new one means it gave up on whatever it had parked here.
+            self.pending = [p for p in self.pending if p.ident != ident]
+            self.pending_credit = [p for p in self.pending_credit if p.ident != ident]
+            self._handlers[request.type](ident, client, request)
+        except WireError as e:
+            req = e.req if e.req is not None else req
+            msg_type = e.msg_type or msg_type
+            self.core.reject(e.reason, client, msg_type)
+            self._log_reject(e.reason, f"{client}: {e}")
+            self._reply(ident, req, ok=False, reason=e.reason, message=e.message)
+        except Exception as e:  # a bug of ours: count it, keep serving
+            self.core.reject("internal_error", client, msg_type)
+            log.exception("internal error handling %s from %s", msg_type, client)
+            self._reply(ident, req, ok=False, reason="internal_error", message=f"{type(e).__name__}: {e}")
+
+    def _log_reject(self, reason: str, text: str) -> None:
+        self._logged[reason] += 1
+        n = self._logged[reason]
+        if n <= 10 or n % 1000 == 0:
+            log.warning("rejected (%s, #%d): %.300s", reason, n, text)
+
+    def _reply(self, ident: bytes, req, ok: bool = True, reason: str = "ok", message: str = "",
+               fields: dict | None = None, payload: list | tuple = ()) -> bool:
+        frames = encode_reply(req, ok, reason, message, fields, payload)
+        try:
+            self.sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.ZMQError as e:  # EHOSTUNREACH (client gone) or EAGAIN (its queue is full)
+            self.core.counts["undeliverable_replies"] += 1
+            log.warning("could not reply to %r: %s", ident, e)
+            return False
+
+    def _ping(self, ident, client, r: Request) -> None:
+        self._reply(ident, r.req, fields={"version": self.core.version})
+
+    def _stats(self, ident, client, r: Request) -> None:
+        s = self.core.stats()
+        s.update(pending_pulls=len(self.pending), pending_credit_requests=len(self.pending_credit),
+                 uptime_s=time.monotonic() - self.started, address=self.address,
+                 max_message_mb=self.settings.max_message_mb,
+                 undeliverable_replies=self.core.counts["undeliverable_replies"])
+        self._reply(ident, r.req, fields={"stats": s})
+
+    def _credit(self, ident, client, r: Request) -> None:
+        w = _Wait(ident, r.req, time.monotonic() + r.fields.get("wait_ms", 0) / 1000, client=client,
+                  want=r.fields["want"], actor_version=r.fields["actor_version"])
+        if not self._answer_credit(w, time.monotonic()):
+            self.pending_credit.append(w)
+
+    def _answer_credit(self, w: _Wait, now: float) -> bool:
+        """Grant what the rule allows; answer if that is > 0, the wait is over, or more cannot come without
+        newer weights (then the actor should load version learner_version first). False = keep waiting."""
+        core = self.core
+        g = core.request_credit(w.client, w.want, w.actor_version, count_denied=False)
+        hopeless = min(w.actor_version, core.version) + self.settings.max_staleness < core.version
+        if not (g or now >= w.deadline or hopeless or w.want == 0):
+            return False
+        core.counts["credit_units_denied"] += w.want - g
+        if not self._reply(w.ident, w.req, fields={"granted": g, "learner_version": core.version}):
+            core.release_credit(w.client, g)  # nobody to tell: do not let the units leak
+        return True
+
+    def _release(self, ident, client, r: Request) -> None:
+        self._reply(ident, r.req, fields={"released": self.core.release_credit(client, r.fields["n"])})
+
+    def _push(self, ident, client, r: Request) -> None:
+        acks, any_accepted = [], False
+        for g in r.groups:
+            if isinstance(g, WireError):
+                self.core.reject(g.reason, client, "push")
+                self._log_reject(g.reason, f"{client}: {g}")
+                acks.append([False, g.reason, g.message])
+            else:
+                accepted, reason, message = self.core.push(client, g)
+                any_accepted |= accepted
+                acks.append([accepted, reason, message])
+        self._reply(ident, r.req, fields={"acks": acks})
+        if any_accepted:
+            self._serve_waiting()
+
+    def _set_version(self, ident, client, r: Request) -> None:
+        self.core.set_version(r.fields["version"])
+        self._reply(ident, r.req, fields={"version": self.core.version})
+
+    def _pull(self, ident, client, r: Request) -> None:
+        num = r.fields["num_groups"]
+        if num > self.settings.capacity_groups:
+            raise WireError("bad_value", f"pull: {num} groups can never be served by a buffer of "
+                                         f"capacity_groups={self.settings.capacity_groups}")
+        if "version" in r.fields:  # set_version + pull in one round trip
+            self.core.set_version(r.fields["version"])  # validated by decode_request
+        self.pending.append(_Wait(ident, r.req, time.monotonic() + r.fields["timeout_ms"] / 1000, num=num))
+        self._serve_waiting()
+
+    def _serve_waiting(self) -> None:
+        now = time.monotonic()
+        if self.pending_credit:
+            self.pending_credit = [w for w in self.pending_credit if not self._answer_credit(w, now)]
+        keep, blocked = [], False
+        for p in self.pending:
+            groups = None if blocked else self.core.take(p.num)
+            if groups is not None:
+                lags = [self.core.version - g.oldest_version if g.oldest_version is not None else 0 for g in groups]
+                payload = [f for g in groups for f in g.frames]
+                fields = {"count": len(groups), "version": self.core.version, "lags": lags,
+                          "dropped_stale": self.core.counts["dropped_stale"]}
+                if self._reply(p.ident, p.req, fields=fields, payload=payload):
+                    self.core.served(groups)
+                else:
+                    self.core.requeue_front(groups)
+            elif now >= p.deadline:
+                self._reply(p.ident, p.req, ok=False, reason="timeout",
+                            message=f"only {len(self.core.queue)} of {p.num} groups available",
+                            fields={"available": len(self.core.queue)})
+            else:
+                blocked = True  # FIFO: later pulls wait behind this one
+                keep.append(p)
+        self.pending = keep
+
+    def _add_demos(self, ident, client, r: Request) -> None:
+        n = self.core.add_demos(r.demos)
+        self._reply(ident, r.req, fields={"stored": n, "demos_stored": len(self.core.demos)})
+
+    def _get_demos(self, ident, client, r: Request) -> None:
+        found = self.core.get_demos(r.fields["indices"])
+        fields, frames = encode_demos(found, {i: self.core.demos[i][1] for i in found})
+        self._reply(ident, r.req, fields=fields, payload=frames)
+
+    def _snapshot(self, ident, client, r: Request) -> None:
+        try:
+            n = write_snapshot(self.core, r.fields["path"])
+        except OSError as e:
+            raise WireError("snapshot_failed", f"cannot write {r.fields['path']}: {e}") from None
+        self._reply(ident, r.req, fields={"path": r.fields["path"], "bytes": n})
+
+    def _restore(self, ident, client, r: Request) -> None:
+        info = restore_snapshot(self.core, r.fields["path"])
+        self._reply(ident, r.req, fields=info)
+
+
+def start_buffer_process(cfg=None, batch_prompts: int | None = None, **kwargs):
+    """Start the service in a spawned process -> (multiprocessing.Process, address). See buffer.process."""
+    from buffer.process import start_buffer_process as start
+
+    return start(cfg, batch_prompts, **kwargs)
+
+
+if __name__ == "__main__":
+    from buffer.process import main
+
+    raise SystemExit(main())
