@@ -223,4 +223,7 @@ class BufferCore:
             "lag_hist": {str(k): v for k, v in sorted(self.lag_hist.items())},
             "lag_mean": sum(k * v for k, v in self.lag_hist.items()) / served if served else 0.0,
             "lag_max": max(self.lag_hist) if self.lag_hist else 0,
+            # (epoch, prompt_index) of every stored group: the launcher's prompt ledger counts these as
+            # accepted, so restarted or resumed actors do not generate them again
+            "held_prompts": [[int(g.header["meta"].get("epoch", 0)), int(g.prompt_index)] for g in self.queue],
         }

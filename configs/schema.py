@@ -36,7 +36,7 @@ class ModelConfig(Section):
     tiny: TinyModelConfig = TinyModelConfig()
     cache_dir: str = Field(".cache/models", description="where the tiny model and its SFT warm-up are cached")
     sft_warmup_steps: int = Field(
-        200, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
+        300, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
     sft_error_rate: float = Field(0.3, ge=0, le=1, description="probability a warm-up demonstration holds an error")
 
 

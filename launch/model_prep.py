@@ -80,8 +80,9 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
                             max_position_embeddings=t.max_position_embeddings)
     if cfg.model.sft_warmup_steps == 0:
         return init
+    # constant LR after a short warm-up: a cosine decay over so few steps leaves the model far weaker
     sft_cfg = resolve("sft", flags={"model.dtype": cfg.model.dtype, "seed": cfg.seed,
-                                    "learner.steps": cfg.model.sft_warmup_steps})
+                                    "learner.steps": cfg.model.sft_warmup_steps, "learner.lr_schedule": "constant"})
     sft_cfg.data = cfg.data.model_copy(deep=True)
     warm_key = _key({"base": base_key, "learner": sft_cfg.learner.model_dump(), "data": cfg.data.model_dump(),
                      "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype})
