@@ -9,7 +9,7 @@ Why:
   scorers) are simply loaded in the compute dtype.
 - Dropout is switched off (π_prox, recomputed without grad, must equal π_θ at the start of a step).
 - A world of one rank keeps the plain module by default (`shard=False`; bf16 via autocast): FSDP2
-  with a single rank only adds buffer copies and hooks (bench/RESULTS_learner.md).
+  with a single rank only adds buffer copies and hooks (bench/RESULTS.md).
 - Full weights are produced parameter by parameter (`full_tensor()`, a collective every rank joins),
   so the weight-sync stream holds one unsharded tensor at a time (a checkpoint collects them all in
   rank 0's CPU memory); tied parameters appear once, under the name `named_parameters` gives them
