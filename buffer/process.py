@@ -24,12 +24,15 @@ import sys
 from buffer.settings import BufferSettings
 
 
-def _install_signals(service) -> None:
+def _install_signals(service, managed: bool = False) -> None:
+    """SIGTERM stops the service. SIGINT does too when run from the command line; a child of the
+    launcher ignores it, because a terminal's Ctrl-C reaches the whole process group and the launcher
+    still needs the buffer to drain the actors and snapshot it before it stops the child itself."""
     def stop(signum, frame):
         service.stop()
 
     signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if managed else stop)
 
 
 def _child_main(settings_json: str, conn, parent_pid: int, log_level: str) -> None:
@@ -42,7 +45,7 @@ def _child_main(settings_json: str, conn, parent_pid: int, log_level: str) -> No
         conn.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         conn.close()
         return
-    _install_signals(service)
+    _install_signals(service, managed=True)
     conn.send_bytes(json.dumps({"address": service.address}).encode())
     conn.close()
     service.serve_forever()

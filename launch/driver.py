@@ -61,6 +61,7 @@ class Driver:
     def __init__(self, cfg: RunConfig, graph: ProcessGraph, data: RunData, run_dir: Path, buffer_address: str,
                  progress: Progress):
         self.cfg, self.graph, self.data, self.run_dir, self.progress = cfg, graph, data, run_dir, progress
+        self.client_address = buffer_address
         self.client = BufferClient(buffer_address, "driver", timeout_s=60.0)
         if data.demos:
             self.client.add_demos({int(k): v for k, v in data.demos.items()})
@@ -128,6 +129,9 @@ class Driver:
     def _check_actors(self) -> list[dict]:
         stats, dead = self.graph.actor_stats()
         for i in dead:
+            # the dead actor's credit would otherwise only expire after its time-to-live
+            with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0) as ghost:
+                ghost.release_credit(2**20)
             held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
             self.graph.restart_actor(i, self.ledger.accepted(held), self.version)
         if dead:

@@ -46,6 +46,8 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
         graph.start_actors(actor_cores, skip=skip, version=driver.version)
         graph.connect_weight_sync()
+        if cfg.resume:  # engines started from the initial model: bring them to the checkpoint's weights
+            graph.push_weights(driver.version)
         return driver.run()
     finally:
         graph.shutdown()

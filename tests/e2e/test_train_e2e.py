@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,17 +81,45 @@ def ledger(run: Path, step: int) -> list[tuple[int, int]]:
     return list(zip(state["epochs"], state["prompts"]))
 
 
-def test_grpo_resume_trains_no_prompt_twice(tmp_path, model_cache):
-    out = tmp_path / "grpo"
-    train(out, model_cache, "--algo", "grpo", "--steps", "3", "--set", "learner.save_every=2")
-    first = ledger(out, 3)
-    assert len(first) == 3 * 4 and len(set(first)) == len(first)
-    # Continue the same run to 5 steps: the ledger grows by exactly 2 steps of new prompts.
-    proc = train(out, model_cache, "--algo", "grpo", "--steps", "5", "--resume", str(out))
-    assert "[resume]" in proc.stderr + proc.stdout
-    both = ledger(out, 5)
-    assert len(both) == 5 * 4 and len(set(both)) == len(both), "a prompt was trained twice across the resume"
-    assert set(first) <= set(both)
-    check_run(out, 5, 1, "loss/pg")
-    assert_weights_changed(out, 5, model_cache)
+def session_processes(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split() and line.split()[0] == str(sid)]
 
+
+def test_ctrl_c_stops_cleanly_then_resume_trains_no_prompt_twice(tmp_path, model_cache):
+    out = tmp_path / "grpo"
+    cmd = [EXE, "--algo", "grpo", "--steps", "40", "--output", str(out), *SMALL,
+           "--set", f"model.cache_dir={model_cache}", "--set", "logging.progress=plain"]
+    # A terminal's Ctrl-C signals the whole foreground process group: do the same to a new session.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "metrics.jsonl").exists() and len([r for r in rows(out) if "loss/total" in r]) >= 3:
+                break
+            time.sleep(1)
+        assert proc.poll() is None, f"run ended before it could be interrupted:\n{proc.stdout.read()[-4000:]}"
+        os.killpg(proc.pid, signal.SIGINT)
+        log, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, log[-4000:]
+    assert "[stop]" in log and "[done]" in log
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_early"] is True
+    time.sleep(3)
+    assert session_processes(proc.pid) == [], "processes left behind after Ctrl-C"
+    stopped_at = summary["step"]
+    first = ledger(out, stopped_at)
+    assert len(first) == stopped_at * 4 and len(set(first)) == len(first)
+
+    # Continue the interrupted run for 2 more steps: exactly 2 steps of new prompts are added.
+    proc2 = train(out, model_cache, "--algo", "grpo", "--steps", str(stopped_at + 2), "--resume", str(out))
+    assert "[resume]" in proc2.stdout + proc2.stderr
+    both = ledger(out, stopped_at + 2)
+    assert len(both) == (stopped_at + 2) * 4 and len(set(both)) == len(both), "a prompt was trained twice"
+    assert set(first) <= set(both)
+    check_run(out, stopped_at + 2, 1, "loss/pg")
+    assert_weights_changed(out, stopped_at + 2, model_cache)

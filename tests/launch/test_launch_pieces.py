@@ -73,3 +73,24 @@ def test_plot_command_writes_png(tmp_path):
     assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert main(["plot", str(tmp_path / "missing")]) == 2
+
+
+def test_impossible_request_exits_fast_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from launch.resources import local_resources
+
+    if local_resources().cpus >= 17:
+        pytest.skip("this machine could host 32 half-core actors")
+    exe = Path(sys.executable).with_name("algo-train")
+    t0 = time.monotonic()
+    proc = subprocess.run([str(exe), "--algo", "pure", "--actors", "32", "--output", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot start this run" in proc.stderr and "--actors" in proc.stderr
+    assert elapsed < 30, f"took {elapsed:.1f}s"
+    assert not (tmp_path / "run").exists(), "nothing may start (not even the run folder) before the check"
