@@ -28,6 +28,9 @@ class LearnerRank:
     def __init__(self, cfg, rank: int, world_size: int, model_dir: str, init_method: str,
                  cores: list[int] | None = None, num_receivers: int = 0):
         pin_to_cores(cores)
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()  # its weight-loading bar would clobber the progress line
         from learner.learner import Learner
 
         self.cfg, self.rank = cfg, rank
