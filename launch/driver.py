@@ -9,6 +9,7 @@ then continues with no prompt skipped or trained twice (the ledger proves it).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -210,7 +211,7 @@ class Driver:
             if final:
                 writer.write(self.step, final)
             ckpt = self.checkpoint()
-            summary = {"step": self.step, "version": self.version, "checkpoint": str(ckpt),
+            summary = {"step": self.step, "version": self.version, "checkpoint": str(ckpt), "driver_pid": os.getpid(),
                        "stopped_early": status != 0, "buffer": self.client.stats()}
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
             self.progress.message(f"[done] {self.step} steps; checkpoint {ckpt}")

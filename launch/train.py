@@ -48,6 +48,6 @@ def train(cfg: RunConfig) -> int:
     progress = Progress(cfg.learner.steps, cfg.logging.progress)
     progress.message(f"[run] {cfg.algo}: {cfg.rollout.num_actors} actor(s), {cfg.learner.world_size} learner "
                      f"rank(s), max_staleness {cfg.buffer.max_staleness}, {cfg.learner.steps} steps -> {run_dir}")
-    from launch.graph import run_graph
+    from launch.supervisor import supervise
 
-    return run_graph(cfg, run_dir, progress)
+    return supervise(cfg, run_dir)

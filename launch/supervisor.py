@@ -1,0 +1,72 @@
+"""Run the training in a child process of its own session, and forward stop signals to it.
+
+Why: a terminal's Ctrl-C (and `timeout`, and most job runners) signals the whole foreground process
+group. Ray's GCS/raylet, the buffer and the vLLM engine processes are children of the run and would
+die before the driver could drain the actors, snapshot the buffer and write a checkpoint. So the
+`algo-train` process only supervises: the run (driver + everything it starts) lives in a new session,
+the supervisor forwards the first two SIGINT/SIGTERM to the driver alone (1st: graceful stop, 2nd:
+abort), a third kills the session, and once the driver has exited anything still alive in its session
+is killed — no process is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from configs.schema import RunConfig
+
+
+def supervise(cfg: RunConfig, run_dir: Path) -> int:
+    spec = run_dir / ".run_config.json"
+    spec.write_text(cfg.model_dump_json())
+    proc = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(spec), str(run_dir)],
+                            start_new_session=True)
+    signals = 0
+
+    def forward(signum, frame):
+        nonlocal signals
+        signals += 1
+        if signals <= 2:
+            proc.send_signal(signum)
+        else:
+            _kill_session(proc.pid)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _kill_session(proc.pid)
+        spec.unlink(missing_ok=True)
+    return 130 if rc in (-signal.SIGINT, 130) else rc
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (the run's; ours is never it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, signal.SIGKILL)
+    out = subprocess.run(["ps", "-eo", "sid=,pid="], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == str(sid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(parts[1]), signal.SIGKILL)
+
+
+def _child(spec: str, run_dir: str) -> int:
+    from launch.graph import run_graph
+    from launch.progress import Progress
+
+    cfg = RunConfig.model_validate_json(Path(spec).read_text())
+    progress = Progress(cfg.learner.steps, cfg.logging.progress)
+    return run_graph(cfg, Path(run_dir), progress)
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1], sys.argv[2]))
