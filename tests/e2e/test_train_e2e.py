@@ -1,8 +1,9 @@
 """End to end: `algo-train` runs every algorithm asynchronously with 2 real vLLM actors (Ray), a real
 buffer process, a real FSDP learner and real weight sync; a run resumes with no prompt trained twice.
 
-Runs are small (groups of 4, 4 prompts a step, short responses) and start from a briefly warmed-up
-tiny model cached for the whole session; learning itself is measured by bench/learning, not here.
+Runs are small (groups of 4, 4 prompts a step, short responses) and start from the SFT-warmed tiny
+model (built once per session, ~30 s), which scores often enough that advantages are not all zero
+and the weights must move; learning itself is measured by the quick-start curves, not here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 EXE = str(Path(sys.executable).with_name("algo-train"))
 SMALL = ["--set", "rollout.n=4", "--set", "learner.batch_prompts=4", "--set", "learner.micro_batch_samples=8",
          "--set", "rollout.max_response_tokens=48", "--set", "data.eval_prompts=8", "--set", "learner.eval_every=2",
-         "--set", "model.sft_warmup_steps=20", "--set", "data.train_prompts=2000"]
+         "--set", "data.train_prompts=2000"]
 ALGO_KEYS = {"rloo": "loss/pg", "prime": "prime/prm_loss", "pure": "pure/min_step_score",
              "luffy": "luffy/offpolicy_frac", "pacs": "pacs/bce", "grpo": "loss/pg"}
 
@@ -69,7 +70,7 @@ def assert_weights_changed(run: Path, step: int, model_cache: str) -> None:
 
 @pytest.mark.parametrize("algo", ["rloo", "prime", "pure", "luffy", "pacs"])
 def test_every_algorithm_runs_async_with_two_actors(algo, tmp_path, model_cache):
-    extra = ["--set", "buffer.acc_lo=0.0"] if algo == "prime" else []  # a barely warmed model scores ~0
+    extra = ["--set", "buffer.acc_lo=0.0"] if algo == "prime" else []  # keep groups the model fails entirely
     out = tmp_path / algo
     train(out, model_cache, "--algo", algo, "--actors", "2", "--steps", "3", "--max-staleness", "1", *extra)
     check_run(out, 3, 1, ALGO_KEYS[algo])
