@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import algos
-from algos.aggregation import LossNorm
 from algos.prime import accuracy_group_filter, prime_advantage, prime_requirements, rloo_process_rewards
 from algos.prime_prm import (
     dpo_accuracy,
@@ -15,8 +14,8 @@ from algos.prime_prm import (
     prm_ce_loss,
     process_reward_scale,
 )
-from algos.registry import LossContext, StepBatch
-from tests.algos.cfg import make_cfg
+from algos.registry import StepBatch
+from tests.algos.cfg import backprop_all_losses, make_cfg
 from tests.vectors import assert_close, cases
 
 # ---------------------------------------------------------------- reference vectors
@@ -254,15 +253,7 @@ def test_spec_end_to_end(opts):
     assert adv.abs().sum() > 0
     for key in ("prime/dpo_acc", "prime/norm_scale", "prime/reward_mean"):
         assert torch.isfinite(metrics[key])
-    logprobs = (batch.old_logprobs + 0.01).clone().requires_grad_(True)
-    ctx = LossContext(logprobs=logprobs, entropy=torch.rand(8, 6) + logprobs * 0, batch=batch,
-                      advantages=adv, norm=LossNorm.local(batch.response_mask))
-    total = 0.0
-    for comp in spec.losses:
-        term = comp.fn(ctx, cfg)
-        assert torch.isfinite(term.loss)
-        total = total + comp.weight(cfg) * term.loss + term.loss * 0
-    total.backward()
+    logprobs = backprop_all_losses(spec, cfg, batch, adv)
     assert torch.isfinite(logprobs.grad).all() and logprobs.grad.abs().sum() > 0
 
 

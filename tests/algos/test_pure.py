@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import algos
-from algos.aggregation import LossNorm
 from algos.pure import (
     check_step_ends,
     process_baseline,
@@ -23,8 +22,8 @@ from algos.pure_steps import (
     step_spans,
     strict_min_returns,
 )
-from algos.registry import LossContext, StepBatch
-from tests.algos.cfg import make_cfg
+from algos.registry import StepBatch
+from tests.algos.cfg import backprop_all_losses, make_cfg
 from tests.vectors import assert_close, cases
 
 # ---------------------------------------------------------------- reference vectors
@@ -270,15 +269,7 @@ def test_spec_end_to_end(opts):
     assert (adv[batch.response_mask == 0] == 0).all()
     assert adv[0, 6] == 0  # the separator of "1+1=2\n\n" (char 6) is zeroed
     assert torch.isfinite(metrics["pure/min_step_score"])
-    logprobs = (batch.old_logprobs + 0.01).clone().requires_grad_(True)
-    ctx = LossContext(logprobs=logprobs, entropy=torch.rand(adv.shape) + logprobs * 0, batch=batch,
-                      advantages=adv, norm=LossNorm.local(batch.response_mask))
-    total = 0.0
-    for comp in spec.losses:
-        term = comp.fn(ctx, cfg)
-        assert torch.isfinite(term.loss)
-        total = total + comp.weight(cfg) * term.loss + term.loss * 0
-    total.backward()
+    logprobs = backprop_all_losses(spec, cfg, batch, adv)
     assert torch.isfinite(logprobs.grad).all() and logprobs.grad.abs().sum() > 0
 
 
