@@ -215,7 +215,7 @@ class LoggingConfig(Section):
 class RunConfig(Section):
     algo: Literal[ALGOS] = "grpo"  # type: ignore[valid-type]
     seed: int = 0
-    serial: bool = Field(False, description="run actors, buffer and learner in one process (debugging)")
+    serial: bool = Field(False, description="no Ray: learner and actors as objects in the driver process (debugging)")
     ray_address: str | None = Field(None, description="join this Ray cluster; null = start a local one")
     resume: str | None = Field(None, description="run folder to resume from")
     model: ModelConfig = ModelConfig()

@@ -10,7 +10,9 @@ architecture:
 Actors generate continuously from their prompt shards, asking the buffer for credit first (so
 `max_staleness` holds by admission); the driver pulls whole groups, has the learner ranks take one
 optimiser step, pushes the new weights to every engine (in flight: generation pauses only while
-weights load), then tells the buffer the new version. `--serial` runs the same roles in this process.
+weights load), then tells the buffer the new version. `--serial` runs the learner and the actors as
+plain objects in this process, without Ray (the buffer service and vLLM's engine cores stay
+subprocesses), for debugging with ordinary tools.
 """
 
 from __future__ import annotations
