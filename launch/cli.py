@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="DIR", help="run folder (default runs/<algo>-<timestamp>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override any config key, e.g. --set loss.clip_high=0.28 (repeatable)")
-    p.add_argument("--serial", action="store_true", default=None, help="run every role in one process")
+    p.add_argument("--serial", action="store_true", default=None, help="no Ray: learner and actors run in this process (debugging)")
     p.add_argument("--ray-address", metavar="ADDR", help="join an existing Ray cluster")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the fully resolved config and exit")
