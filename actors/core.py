@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 import uuid
@@ -62,6 +63,7 @@ class AsyncActor(WeightUpdates):
         self.engine = self.sampler = self.outbox = self.receiver = None
         self._owns_engine = False
         self._credits = 0
+        self._unfinished: dict[tuple[int, int], int] = {}  # (epoch, prompt) started, not yet acknowledged
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._run_task: asyncio.Task | None = None
@@ -98,6 +100,12 @@ class AsyncActor(WeightUpdates):
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
+        self._finished((int(group.meta.get("epoch", 0)), group.prompt_index))
+
+    def _finished(self, key: tuple[int, int]) -> None:
+        n = self._unfinished.pop(key, 0) - 1
+        if n > 0:
+            self._unfinished[key] = n
 
     async def close(self) -> None:
         await self.stop(drain=False)
@@ -190,6 +198,8 @@ class AsyncActor(WeightUpdates):
                 logger.warning("%s: could not release %d credits: %s", self.name, n, e)
 
     def _spawn(self, item: PromptItem, epoch: int = 0) -> None:
+        key = (epoch, item.prompt_index)
+        self._unfinished[key] = self._unfinished.get(key, 0) + 1
         task = asyncio.create_task(self._rollout(item, epoch), name=f"{self.name}-p{item.prompt_index}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -201,11 +211,13 @@ class AsyncActor(WeightUpdates):
             group = await self.make_group(item, epoch)
         except asyncio.CancelledError:
             self._credits += 1  # released by run()'s epilogue
+            self._finished((epoch, item.prompt_index))
             raise
         except Exception:
             logger.exception("%s: rollout of prompt %d failed", self.name, item.prompt_index)
             self.counts["groups_failed"] += 1
             self._credits += 1
+            self._finished((epoch, item.prompt_index))
             if self.engine is not None and self.engine.errored:
                 self._stop.set()
             return
@@ -291,4 +303,8 @@ class AsyncActor(WeightUpdates):
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
                 "credits_held": self._credits, **delivery, "reconnects": self.link.reconnects,
-                "cursor": self.cursor.state_dict()}
+                "cursor": self.cursor.state_dict(), "pid": os.getpid(),
+                # prompts handed out and not yet acknowledged by the buffer, consistent with "cursor":
+                # what a restarted successor must generate again (`actors.prompts` module docstring)
+                "unfinished": sorted([e, i] for e, i in self._unfinished),
+                "engine_dead": bool(self.engine is not None and self.engine.errored)}

@@ -9,11 +9,18 @@ Sharding: actor `a` of `N` owns prompts `a, a+N, a+2N, ...` of the dataset (by p
 actors never duplicate work and the union of shards is the dataset. Each epoch over the shard is
 shuffled with a seed of (seed, actor, epoch); `PromptCursor.state_dict` records (epoch, position) for
 exact resume.
+
+A restarted actor takes over its predecessor's shard where it left off: the driver hands the new
+cursor the last (epoch, position) the dead actor reported (`load_state_dict`) and the prompts it had
+handed out but not delivered by then (`requeue`: served first); prompts handed out after that report
+lie beyond the position, so they come round again too. `skip` drops whatever was trained or is held
+by the buffer meanwhile, so a shard's prompt is neither lost with a crashed actor nor trained twice.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -77,11 +84,21 @@ class PromptCursor:
         self.epoch, self.position = 0, 0
         self._order = self._make_order()
         self._skip: set[tuple[int, int]] = set()
+        self._by_index = {it.prompt_index: it for it in self.items}
+        self._requeued: deque[tuple[int, int]] = deque()
 
     def skip(self, keys: Iterable) -> None:
         """Never hand out these (epoch, prompt_index) pairs: prompts a resumed or restarted run has
         already trained (or that the buffer holds), per the driver's ledger."""
         self._skip |= {(int(e), int(i)) for e, i in keys}
+
+    def requeue(self, keys: Iterable) -> None:
+        """Hand out these (epoch, prompt_index) pairs of this shard first, in order (prompts a crashed
+        predecessor had started but not delivered); skipped ones are still skipped."""
+        for e, i in keys:
+            if int(i) not in self._by_index:
+                raise ValueError(f"actor {self.actor_id}: prompt {i} is not in its shard")
+            self._requeued.append((int(e), int(i)))
 
     def _make_order(self) -> list[int]:
         order = list(range(len(self.items)))
@@ -94,6 +111,10 @@ class PromptCursor:
 
     def next_keyed(self) -> tuple[PromptItem, int]:
         """The next prompt and the epoch (pass over the shard) it belongs to."""
+        while self._requeued:
+            key = self._requeued.popleft()
+            if key not in self._skip:
+                return self._by_index[key[1]], key[0]
         while True:
             if self.position >= len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0

@@ -26,8 +26,18 @@ class WeightUpdates:
     _follow_task: asyncio.Task | None = None
 
     async def connect_weight_sync(self, host: str, port: int) -> int:
-        """Join the learner's weight-sync group (`weightsync.WeightSender` at host:port); returns the rank."""
+        """Join the learner's weight-sync group (`weightsync.WeightSender` at host:port); returns the rank.
+        Joining a new group (the learner rebuilt it, e.g. after an actor crashed) first stops following
+        the old one (`follow_weight_updates` must be called again)."""
         from weightsync.receiver import WeightReceiver
+
+        old, self._follow_task = self._follow_task, None
+        if old is not None:
+            if not old.done():
+                old.cancel()
+                await asyncio.wait([old])
+            if not old.cancelled():
+                old.exception()  # the old group's end (its store closed) is expected: mark it retrieved
 
         self.receiver = WeightReceiver(self.engine, host, port, name=self.name, initial_version=self.version,
                                        on_update=self._loaded)

@@ -73,6 +73,7 @@ class Driver:
         self.step = 0
         self.version = 0
         self._stop_requested = False
+        self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (cursor, unfinished prompts)
 
     # ------------------------------------------------------------------ resume
     def restore(self, resume_dir: Path) -> list[Key]:
@@ -127,24 +128,77 @@ class Driver:
             except TimeoutError:
                 self._check_actors()
 
-    def _check_actors(self) -> list[dict]:
+    def _check_actors(self) -> dict[int, str]:
+        """Health check of the actors: restart the dead ones (`_restart`); returns {actor: why} of those."""
+        if not self.graph.actors:
+            return {}
         stats, dead = self.graph.actor_stats()
-        for i in dead:
-            # the dead actor's credit would otherwise only expire after its time-to-live
+        self._actor_reports.update(stats)
+        if dead:
+            self._restart(dead)
+        return dead
+
+    def _restart(self, dead: dict[int, str]) -> None:
+        """Replace dead actors: release their credit, start successors that resume each dead actor's
+        prompt cursor from its last report (re-queueing what it had not delivered; the ledger and the
+        buffer say what to skip), rebuild the weight-sync group, push the current weights to every
+        actor, and only then let the successors generate."""
+        t0 = time.monotonic()
+        for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
             with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0) as ghost:
                 ghost.release_credit(2**20)
-            held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
-            self.graph.restart_actor(i, self.ledger.accepted(held), self.version)
-        if dead:
-            self.graph.connect_weight_sync()
-            self.graph.push_weights(self.version)
-        return stats
+        held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+        skip = self.ledger.accepted(held)
+        done = set(skip)
+        plans, notes = {}, {}
+        for i in dead:
+            last = self._actor_reports.pop(i, None)
+            if last is None:  # died before its first report: its shard starts over, minus what is done
+                plans[i] = {"skip": skip}
+                notes[i] = "no report from it yet: its shard starts over, skipping prompts trained or buffered"
+                continue
+            requeue = [tuple(k) for k in last["unfinished"] if tuple(k) not in done]
+            plans[i] = {"skip": skip, "cursor": last["cursor"], "requeue": requeue}
+            c = last["cursor"]
+            notes[i] = (f"its prompts resume at epoch {c['epoch']}, position {c['position']}, "
+                        f"{len(requeue)} unfinished re-queued")
+        old_pids = {i: self.graph.pids[i] for i in dead}
+        self.graph.restart_actors(plans, self.version)
+        self.graph.connect_weight_sync()
+        self.graph.push_weights(self.version)
+        self.graph.start_rollouts(list(plans))
+        for i, why in dead.items():
+            self.progress.message(f"[actor] actor {i} (pid {old_pids[i]}) died ({why}); restarted as pid "
+                                  f"{self.graph.pids[i]} and re-synced to version {self.version} in "
+                                  f"{time.monotonic() - t0:.0f}s; {notes[i]}")
+
+    def _push_weights(self) -> dict:
+        """Push the current weights to every actor; a push that failed because an actor died restarts it
+        (which re-syncs every actor to this version)."""
+        if not self.graph.actors:
+            return {}
+        try:
+            return self.graph.push_weights(self.version)
+        except Exception as e:
+            stats, dead = self.graph.actor_stats()
+            if not dead:
+                raise
+            self._actor_reports.update(stats)
+            self.progress.message(f"[actor] the weight push of version {self.version} failed "
+                                  f"({str(e).strip().splitlines()[-1][:200]})")
+            self._restart(dead)
+            return {}
 
     def evaluate(self) -> dict:
         if not self.data.eval or not self.graph.actors:
             return {}
         t0 = time.monotonic()
-        result = self.graph.evaluate(self.data.eval)
+        try:
+            result = self.graph.evaluate(self.data.eval)
+        except Exception:
+            if not self._check_actors():  # not a dead actor's fault
+                raise
+            result = self.graph.evaluate(self.data.eval)
         return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], "time/eval_s": time.monotonic() - t0}
 
     def run(self) -> int:
@@ -160,7 +214,7 @@ class Driver:
                     writer.write(0, before)
                     self.progress.message(f"[eval] held-out accuracy before RL: {before['eval/accuracy']:.3f}")
             self.graph.start_rollouts()
-            t_last = time.monotonic()
+            t_loop = t_last = time.monotonic()
             while self.step < lc.steps:
                 groups, wait_s = self._pull()
                 keys = [(int(g.meta.get("epoch", 0)), g.prompt_index) for g in groups]
@@ -171,7 +225,7 @@ class Driver:
                 self.version += 1
                 self.step += 1
                 t0 = time.monotonic()
-                sync = self.graph.push_weights(self.version) if self.graph.actors else {}
+                sync = self._push_weights()
                 sync_s = time.monotonic() - t0
                 self.client.set_version(self.version)
                 now = time.monotonic()
@@ -185,6 +239,7 @@ class Driver:
                     "throughput/samples_per_s": samples / (now - t_last),
                     "throughput/tokens_per_s": tokens / (now - t_last),
                     "time/generate_wait_s": wait_s, "time/train_s": train_s, "time/weight_sync_s": sync_s,
+                    "time/wall_s": now - t_loop,
                     "weight_sync/gbps": sync.get("gbps"), "buffer/dropped_stale": buf.get("dropped_stale", 0),
                     "buffer/occupancy_groups": buf.get("occupancy_groups", 0),
                     "buffer/filtered": sum(buf.get("filtered", {}).values()),

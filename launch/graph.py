@@ -43,6 +43,8 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         actor_cores, rank_cores = (plan_cores(cfg.rollout.num_actors, cfg.rollout.cpus_per_actor,
                                               cfg.learner.world_size, cfg.learner.cpus_per_rank)
                                    if pin else ([None] * cfg.rollout.num_actors, [None] * cfg.learner.world_size))
+        if cfg.serial:  # the learner is this process: pinning it would pin the actors' loops to its cores too
+            rank_cores = [None] * cfg.learner.world_size
         graph.start_learner(rank_cores)
         driver = Driver(cfg, graph, data, run_dir, buffer_address, progress)
         skip = driver.restore(Path(cfg.resume)) if cfg.resume else []

@@ -2,10 +2,15 @@
 `--serial`, as plain objects in this process — behind one set of methods the driver calls.
 
 Ray is started here (a local cluster by default, `--ray-address` to join one); each role gets explicit
-resources (CPU shares, GPUs) from the config. A dead actor is detected by the health check the driver
-runs every step; `restart_actor` replaces it, rebuilds the weight-sync group (a failed group cannot be
-reused) and pushes the current weights, and its unfinished prompts are regenerated (the ledger skips
-only prompts already trained or held by the buffer).
+resources (CPU shares, GPUs) from the config. A dead actor (its process gone, unresponsive, or its vLLM
+engine dead) is found by the health check the driver runs every step and whenever a weight push fails;
+`restart_actors` replaces it with a fresh one that resumes the dead actor's prompt cursor, and the
+driver then rebuilds the weight-sync group (a failed group cannot be reused), pushes the current
+weights and only then lets the new actor generate (see `launch.driver.Driver._check_actors`).
+
+A crashed actor's vLLM engine processes do not linger beside its replacement: Ray puts every worker in
+a process group of its own and kills the group when the worker dies (`RAY_process_group_cleanup_enabled`,
+on by default in the pinned Ray; the actor-restart end-to-end test checks it).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class ProcessGraph:
         self.ranks: list = []
         self.actors: list = []
         self.actor_cores: list = []
+        self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
         self.restarts = 0
         if not self.serial:
             import ray
@@ -105,12 +111,16 @@ class ProcessGraph:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         return env
 
-    def _new_actor(self, i: int, skip: list[Key], version: int):
+    def _new_actor(self, i: int, skip: list[Key], version: int, cursor: dict | None = None,
+                   requeue: list[Key] = ()):
         r = self.cfg.rollout
+        env = self._actor_env(self.actor_cores[i])
+        if self.serial:  # the engine processes inherit this process's environment
+            os.environ.update(env)
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
-                          env=self._actor_env(self.actor_cores[i]))
+                          env=env)
         return make(self.cfg, i, str(self.model_dir), self.buffer_address, self.data.train, self.actor_cores[i],
-                    version, [list(k) for k in skip])
+                    version, [list(k) for k in skip], cursor, [list(k) for k in requeue])
 
     def start_actors(self, actor_cores: list, skip: list[Key], version: int = 0) -> None:
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:
@@ -118,8 +128,9 @@ class ProcessGraph:
         self.actor_cores = actor_cores
         t0 = time.monotonic()
         self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
-        self._get([a.start.remote() for a in self.actors])
-        self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - t0:.0f}s")
+        self.pids = self._get([a.start.remote() for a in self.actors])
+        pids = "" if self.serial else f" (pids {', '.join(map(str, self.pids))})"
+        self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - t0:.0f}s{pids}")
 
     def connect_weight_sync(self) -> None:
         """Every actor joins rank 0's weight-sync group and follows its pushes."""
@@ -140,27 +151,50 @@ class ProcessGraph:
                       + [self.ranks[0].connect_sender.remote()])
         self._get([a.follow_weight_updates.remote() for a in self.actors])
 
-    def start_rollouts(self) -> None:
-        self._get([a.start_rollouts.remote() for a in self.actors])
+    def start_rollouts(self, which: list[int] | None = None) -> None:
+        """Start generating on the actors `which` (all by default)."""
+        ids = range(len(self.actors)) if which is None else which
+        self._get([self.actors[i].start_rollouts.remote() for i in ids])
 
-    def actor_stats(self, timeout_s: float = 30.0) -> tuple[list[dict], list[int]]:
-        """(stats of live actors, ids of dead ones)."""
-        if self.serial:
-            return [a.stats.remote() for a in self.actors], []
-        stats, dead = [], []
+    def actor_stats(self, timeout_s: float = 30.0) -> tuple[dict[int, dict], dict[int, str]]:
+        """({actor: stats} of the live actors, {actor: why it counts as dead} of the others)."""
+        stats, dead = {}, {}
         for i, a in enumerate(self.actors):
-            try:
-                stats.append(self._ray.get(a.stats.remote(), timeout=timeout_s))
-            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
-                dead.append(i)
+            if self.serial:
+                stats[i] = a.stats.remote()
+            else:
+                try:
+                    stats[i] = self._ray.get(a.stats.remote(), timeout=timeout_s)
+                except self._ray.exceptions.RayActorError as e:
+                    dead[i] = f"process gone: {type(e).__name__}"
+                    continue
+                except self._ray.exceptions.GetTimeoutError:
+                    dead[i] = f"no answer within {timeout_s:.0f}s"
+                    continue
+            if stats[i].get("engine_dead"):
+                dead[i] = "its vLLM engine died"
+                del stats[i]
         return stats, dead
 
-    def restart_actor(self, i: int, skip: list[Key], version: int) -> None:
-        self.log(f"[graph] actor {i} died; restarting it and re-syncing weights at version {version}")
-        self._ray.kill(self.actors[i], no_restart=True)
-        self.actors[i] = self._new_actor(i, skip, version)
-        self._get(self.actors[i].start.remote())
-        self.restarts += 1
+    def restart_actors(self, plans: dict[int, dict], version: int) -> None:
+        """Replace the actors of `plans` ({actor: {"skip", "cursor", "requeue"}}, see `ActorRole`) with
+        fresh ones whose weights are labelled `version`; they start their engines but neither join the
+        weight sync nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
+        for i in plans:
+            old = self.actors[i]
+            try:
+                if self.serial:
+                    old.close.remote()
+                else:
+                    self._ray.kill(old, no_restart=True)
+            except Exception as e:  # noqa: BLE001 - it is dead already, or dying: go on
+                self.log(f"[graph] stopping actor {i} failed: {e}")
+            p = plans[i]
+            self.actors[i] = self._new_actor(i, p["skip"], version, p.get("cursor"), p.get("requeue", ()))
+        pids = self._get([self.actors[i].start.remote() for i in plans])
+        for i, pid in zip(plans, pids):
+            self.pids[i] = pid
+        self.restarts += len(plans)
 
     def evaluate(self, items) -> dict:
         return self._get(self.actors[0].evaluate.remote(items))

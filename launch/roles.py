@@ -90,7 +90,10 @@ class ActorRole:
     """One rollout actor (`actors.RolloutActor`) with its engine pinned to its cores."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts, cores: list[int] | None,
-                 initial_version: int = 0, skip: list[int] | None = None):
+                 initial_version: int = 0, skip: list | None = None, cursor: dict | None = None,
+                 requeue: list | None = None):
+        """skip: (epoch, prompt) pairs never to generate (trained, or held by the buffer); cursor and
+        requeue: where a crashed predecessor's shard resumes (`actors.prompts` module docstring)."""
         if cores:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.rollout.kv_cache_gib))))
@@ -98,8 +101,13 @@ class ActorRole:
 
         self.actor = RolloutActor(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,
                                   prompts=prompts, initial_version=initial_version)
+        c = self.actor.core.cursor
         if skip:
-            self.actor.core.cursor.skip(skip)
+            c.skip(skip)
+        if cursor:
+            c.load_state_dict(cursor)
+        if requeue:
+            c.requeue(requeue)
 
     def start(self) -> int:
         self.actor.start()

@@ -141,7 +141,7 @@ class Learner:
         tokens = sum(r.num_tokens for r in rows)
         metrics |= batching.staleness_metrics(rows, int(version))
         metrics |= {
-            "step": float(self.step_count), "version": float(version), "grad_norm": gnorm, "lr": lr,
+            "step": float(self.step_count), "version": float(version), "optim/grad_norm": gnorm, "optim/lr": lr,
             "optim/stepped": float(stepped), "optim/skipped_steps": float(self.skipped_steps),
             "reward/mean": float(batch.rewards.mean()), "batch/groups": float(len(groups)),
             "batch/rows": float(len(rows)), "batch/tokens": float(tokens),

@@ -118,6 +118,33 @@ def test_cursor_epochs_and_resume():
         PromptCursor([], actor_id=3)
 
 
+def test_successor_cursor_loses_no_prompt_of_a_crashed_actor():
+    """A restarted actor resumes its predecessor's last reported cursor, serves the prompts that were
+    unfinished at that report first, then continues the shard's order (prompts handed out after the
+    report come round again); prompts trained or buffered meanwhile are skipped."""
+    def key(pair):
+        item, epoch = pair
+        return epoch, item.prompt_index
+
+    dead = PromptCursor(items(10), seed=3, actor_id=1)
+    before = [key(dead.next_keyed()) for _ in range(4)]
+    report, unfinished = dead.state_dict(), before[2:]  # the last 2 were in flight at the report
+    after = [key(dead.next_keyed()) for _ in range(3)]  # handed out after the report; then it dies
+    done = {before[0], before[1], before[3], after[1]}  # trained or held by the buffer at the restart
+
+    succ = PromptCursor(items(10), seed=3, actor_id=1)
+    succ.skip(done)
+    succ.load_state_dict(report)
+    succ.requeue(unfinished)
+    got = [key(succ.next_keyed()) for _ in range(3)]
+    assert got == [before[2], after[0], after[2]]
+    assert set(before + after) == done | set(got)  # every prompt handed out: done, or generated again
+    nxt = key(succ.next_keyed())
+    assert nxt not in set(before + after)
+    with pytest.raises(ValueError, match="not in its shard"):
+        succ.requeue([(0, 10_000)])
+
+
 def test_engine_spec_from_config(monkeypatch, tmp_path):
     cfg = RunConfig()
     spec = EngineSpec.from_config(cfg, tmp_path, actor_id=2, weight_transfer=False)

@@ -51,11 +51,11 @@ def test_resume_continues_the_same_trajectory(tiny_dir, tokenizer, tmp_path):
     assert (b.step_count, b.version, b.providers["prime_q"].version) == (2, 2, 2)
     tail_b = [b.step(data[s], version=s) for s in range(2, 5)]
     for ma, mb in zip(tail_a, tail_b):
-        for k in ("loss/total", "grad_norm", "lr", "prime/prm_loss", "prime/prm_version", "prime/q_mean"):
+        for k in ("loss/total", "optim/grad_norm", "optim/lr", "prime/prm_loss", "prime/prm_version", "prime/q_mean"):
             assert ma[k] == mb[k], (k, ma[k], mb[k])
     # warm-up 2 steps, then cosine with p = (step − 2)/4: steps 2, 3, 4 → peak·½(1 + cos πp)
     # = peak·(1, ½(1 + cos π/4) = 0.853553, ½)
-    assert [m["lr"] for m in tail_b] == pytest.approx([1e-3, 0.853553e-3, 0.5e-3], rel=1e-6)
+    assert [m["optim/lr"] for m in tail_b] == pytest.approx([1e-3, 0.853553e-3, 0.5e-3], rel=1e-6)
     assert tail_b[-1]["prime/prm_version"] == 5.0
     weights_b = full_weights(b)
     for k in weights_a:

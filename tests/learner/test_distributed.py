@@ -38,7 +38,7 @@ def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, t
 
     assert [m["batch/microbatches_per_rank"] for m in one + two] == [4, 4, 2, 2]
     for m1, m2 in zip(one, two):
-        for k in ("loss/total", "loss/pg", "grad_norm", "prime/prm_loss", "prime/prm_grad_norm", "prime/q_mean",
+        for k in ("loss/total", "loss/pg", "optim/grad_norm", "prime/prm_loss", "prime/prm_grad_norm", "prime/q_mean",
                   "prime/dpo_acc", "batch/response_tokens"):
             assert m1[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
     assert abs(two[1]["prime/q_mean"]) > 0  # step 2 scores with the PRM trained at step 1
@@ -55,7 +55,7 @@ def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, t
     for k, v in full_weights(resumed).items():
         np.testing.assert_array_equal(v, w_two[0][k], err_msg=k)
     after_one = resumed.step(data[0], version=2)
-    for k in ("loss/total", "grad_norm", "prime/prm_loss", "prime/prm_version"):
+    for k in ("loss/total", "optim/grad_norm", "prime/prm_loss", "prime/prm_version"):
         assert after_one[k] == pytest.approx(after_two[k], rel=1e-5), k
     for k, v in full_weights(resumed).items():  # wrong Adam moments would move weights by ~lr
         np.testing.assert_allclose(v, w_after_two[k], atol=3e-5, rtol=0, err_msg=k)

@@ -15,7 +15,7 @@ from tests.learner.helpers import full_weights, make_cfg, make_groups
 ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft"]
 # (algo, config overrides): every algorithm with defaults, plus the PRIME reference/update variant
 CASES = [(a, {}) for a in ALGOS] + [("prime", {"prime": {"ref": "policy", "update": "double"}})]
-COMMON_KEYS = {"loss/total", "grad_norm", "lr", "time/train_s", "throughput/tokens_per_s", "staleness/mean",
+COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/train_s", "throughput/tokens_per_s", "staleness/mean",
                "staleness/max", "step", "version", "reward/mean"}
 ALGO_KEYS = {"prime": {"prime/prm_version", "prime/prm_loss", "prime/q_mean"},
              "pure": {"pure/min_step_score", "pure/num_steps"}, "luffy": {"luffy/offpolicy_frac"},
@@ -42,7 +42,7 @@ def test_one_step_changes_weights_with_finite_metrics(algo, overrides, tiny_dir,
     assert COMMON_KEYS | ALGO_KEYS.get(algo, set()) <= set(m)
     bad = {k: v for k, v in m.items() if not math.isfinite(v)}
     assert not bad, bad
-    assert m["optim/stepped"] == 1.0 and m["lr"] == cfg.learner.lr
+    assert m["optim/stepped"] == 1.0 and m["optim/lr"] == cfg.learner.lr
     # staleness: rows alternate versions 3 and 2 (helpers) → lag 0 or 1 at version 3.
     assert (m["staleness/min"], m["staleness/max"]) == (0.0, 1.0)
     if algo == "prime":
@@ -64,7 +64,7 @@ def test_microbatch_size_does_not_change_the_update(tiny_dir, tokenizer):
         metrics.append(learner.step(groups, version=2))  # second step: π_θ ≠ π_ref, ratios ≠ 1
         weights.append(full_weights(learner))
     assert metrics[0]["batch/microbatches_per_rank"] == 1 and metrics[1]["batch/microbatches_per_rank"] == 8
-    for k in ("loss/total", "loss/pg", "loss/kl", "loss/entropy", "grad_norm"):
+    for k in ("loss/total", "loss/pg", "loss/kl", "loss/entropy", "optim/grad_norm"):
         assert metrics[0][k] == pytest.approx(metrics[1][k], rel=2e-6, abs=1e-8), k
     assert abs(metrics[1]["loss/kl"]) > 1e-4  # k1 estimate: non-zero once π_θ moved away from π_ref
     # Adam moves almost every weight by ≈ lr = 1e-3 per step; elements whose gradient is ~1e-8 (Adam's
@@ -101,12 +101,12 @@ def test_activation_checkpointing_bf16_and_fsdp_at_one_rank(tiny_dir, tokenizer)
         out[dtype, ac, fsdp] = (learner.step(groups, 0), full_weights(learner))
         assert {str(t.dtype) for _, t in learner.named_full_weights()} == {"torch.float32"}  # fp32 masters
     (m32, w32), (m_ac, w_ac), (m16, _), (m16_fsdp, _) = out.values()
-    assert m32["loss/total"] == m_ac["loss/total"] and m32["grad_norm"] == m_ac["grad_norm"]
+    assert m32["loss/total"] == m_ac["loss/total"] and m32["optim/grad_norm"] == m_ac["optim/grad_norm"]
     for k in w32:
         np.testing.assert_array_equal(w32[k], w_ac[k], err_msg=k)
     for m in (m16, m16_fsdp):
-        assert m["grad_norm"] == pytest.approx(m32["grad_norm"], rel=3e-2)
-        assert m["grad_norm"] != m32["grad_norm"]  # it really computed in bf16
+        assert m["optim/grad_norm"] == pytest.approx(m32["optim/grad_norm"], rel=3e-2)
+        assert m["optim/grad_norm"] != m32["optim/grad_norm"]  # it really computed in bf16
 
 
 def _poison(fn):

@@ -1,0 +1,143 @@
+"""Helpers of the end-to-end tests: run `algo-train` for real, read what a run left behind, and find
+the processes a run started (through its session: `launch.supervisor` runs every run in a session of
+its own, so another run on the same machine is never mistaken for this one)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+EXE = str(Path(sys.executable).with_name("algo-train"))
+SMALL = ["--set", "rollout.n=4", "--set", "learner.batch_prompts=4", "--set", "learner.micro_batch_samples=8",
+         "--set", "rollout.max_response_tokens=48", "--set", "data.eval_prompts=8", "--set", "learner.eval_every=2",
+         "--set", "data.train_prompts=2000"]
+
+
+def command(out: Path, model_cache: str, *args: str) -> list[str]:
+    """The `algo-train` command line of a small test run writing to `out` (`args` come last, so their
+    `--set`s override SMALL's)."""
+    return [EXE, "--output", str(out), *SMALL, "--set", f"model.cache_dir={model_cache}",
+            "--set", "logging.progress=plain", *args]
+
+
+def train(out: Path, model_cache: str, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RAY_DEDUP_LOGS="1")
+    proc = subprocess.run(command(out, model_cache, *args), capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"algo-train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def trained_rows(run: Path) -> list[dict]:
+    return [r for r in rows(run) if "loss/total" in r]
+
+
+def check_run(run: Path, steps: int, max_staleness: int, key: str) -> list[dict]:
+    train_rows = trained_rows(run)
+    assert [r["step"] for r in train_rows] == list(range(1, steps + 1))
+    for r in train_rows:
+        assert r["loss/total"] is not None and math.isfinite(r["loss/total"]), r
+        assert r["staleness/max"] <= max_staleness, f"a row above the staleness bound was trained: {r}"
+        assert key in r and r[key] is not None, f"{key} missing from {sorted(r)}"
+    return train_rows
+
+
+def assert_keys_documented(run: Path) -> None:
+    """Every key the run wrote to metrics.jsonl is in docs/metrics.md (loss components as `loss/<component>`)."""
+    doc = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`([^`]+)`", doc))
+    written = {k for r in rows(run) for k in r}
+    missing = sorted(k for k in written if k not in documented and not k.startswith("loss/"))
+    assert not missing, f"metrics written but not in docs/metrics.md: {missing}"
+
+
+def assert_weights_changed(run: Path, step: int, model_cache: str) -> None:
+    """The final checkpoint's weights differ from the warmed-up model the run started from."""
+    (start,) = [d for d in Path(model_cache).iterdir() if "-sft-" in d.name and not d.name.endswith(".partial")]
+    before = load_file(str(start / "model.safetensors"))
+    after = load_file(str(run / "checkpoints" / f"step_{step}" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    assert any(not (before[k] == after[k]).all() for k in before), "training did not change the weights"
+
+
+def ledger_state(run: Path, step: int) -> dict:
+    return json.loads((run / "checkpoints" / f"step_{step}" / "extra_state.json").read_text())["ledger"]
+
+
+def ledger(run: Path, step: int) -> list[tuple[int, int]]:
+    """(epoch, prompt_index) of every prompt trained up to checkpoint `step`."""
+    state = ledger_state(run, step)
+    return list(zip(state["epochs"], state["prompts"]))
+
+
+def processes() -> list[tuple[int, int, int, str]]:
+    """(pid, parent pid, session id, command line) of every process on the machine."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,sid=,args="], capture_output=True, text=True).stdout
+    procs = []
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) >= 3:
+            procs.append((int(parts[0]), int(parts[1]), int(parts[2]), parts[3] if len(parts) > 3 else ""))
+    return procs
+
+
+def session_processes(sid: int) -> list[str]:
+    return [f"{sid} {pid} {args}" for pid, _, s, args in processes() if s == sid]
+
+
+def run_session(launcher_pid: int, timeout_s: float = 60.0) -> int:
+    """Session id of the run started by the `algo-train` process `launcher_pid`: the pid of its
+    `launch.supervisor` child (started with a session of its own)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid, ppid, sid, args in processes():
+            if ppid == launcher_pid and "launch.supervisor" in args and sid == pid:
+                return sid
+        time.sleep(0.2)
+    raise AssertionError(f"algo-train (pid {launcher_pid}) started no run session within {timeout_s:.0f} s")
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live descendant of `pid`."""
+    procs = processes()
+    children: dict[int, list[tuple[int, str]]] = {}
+    for p, ppid, _, args in procs:
+        children.setdefault(ppid, []).append((p, args))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def wait_for_trained_rows(run: Path, n: int, proc: subprocess.Popen, log: Path, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(trained_rows(run)) >= n:
+            return
+        time.sleep(0.2)
+    text = log.read_text() if log.exists() else ""
+    raise AssertionError(f"the run did not train {n} steps (exit {proc.poll()}):\n{text[-4000:]}")

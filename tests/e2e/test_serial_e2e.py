@@ -1,0 +1,57 @@
+"""End to end: `algo-train --serial` trains with the learner and the actor in the driver process, without
+Ray (only the buffer service and vLLM's engine processes are subprocesses).
+
+Every process of the run's session is sampled while it runs: a vLLM engine must show up (so the
+sampling sees the run) and nothing of Ray may (no `ray::` worker, no GCS server, no raylet).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.e2e.helpers import (
+    assert_keys_documented,
+    assert_weights_changed,
+    check_run,
+    command,
+    processes,
+    run_session,
+)
+
+pytestmark = pytest.mark.slow
+
+RAY_MARKERS = ("ray::", "gcs_server", "raylet", "/ray/", "ray.util", "default_worker.py")
+
+
+def test_serial_trains_in_the_driver_process_without_ray(tmp_path, model_cache):
+    out, log = tmp_path / "serial", tmp_path / "serial.log"
+    cmd = command(out, model_cache, "--algo", "grpo", "--serial", "--actors", "1", "--steps", "2",
+                  "--max-staleness", "1")
+    seen: set[tuple[int, str]] = set()  # (pid, command line), every state sampled
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    try:
+        sid = run_session(proc.pid)
+        deadline = time.monotonic() + 900
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= {(pid, args) for pid, _, s, args in processes() if s == sid}
+            time.sleep(0.3)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text[-5000:]
+    check_run(out, 2, 1, "loss/pg")
+    assert_keys_documented(out)
+    assert_weights_changed(out, 2, model_cache)
+
+    assert any("VLLM::EngineCore" in args for _, args in seen), f"no vLLM engine seen in the run: {seen}"
+    ray = {(pid, args[:200]) for pid, args in seen if any(m in args for m in RAY_MARKERS)}
+    assert not ray, f"--serial started Ray processes: {ray}"
+    assert "Ray" not in text, text[-3000:]
+    assert "waitForInput" not in text, "c10d polling chatter (TORCH_CPP_LOG_LEVEL not applied)"

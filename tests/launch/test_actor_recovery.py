@@ -1,0 +1,112 @@
+"""The driver's recovery from a dead actor, against a real buffer process and a stand-in process graph
+(the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`): what the successor
+skips, re-queues and resumes from, that the dead actor's credit is released, the order of restart ->
+weight-sync group -> push -> rollouts, and that a weight push failed by a dead actor restarts it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from buffer.client import BufferClient
+from buffer.process import start_buffer_process
+from configs.schema import RunConfig
+from launch.driver import Driver
+from tests.buffer.helpers import make_group
+
+
+class StandInGraph:
+    """Answers like `launch.processes.ProcessGraph` for two actors and records what the driver asks."""
+
+    def __init__(self):
+        self.actors, self.pids, self.restarts = [object(), object()], [100, 101], 0
+        self.calls: list[tuple] = []
+        self.dead: dict[int, str] = {}
+        self.fail_next_push = False
+        self.reports = {
+            0: {"actor_id": 0, "cursor": {"epoch": 0, "position": 3, "size": 5}, "unfinished": [[0, 4]]},
+            1: {"actor_id": 1, "cursor": {"epoch": 0, "position": 4, "size": 5},
+                "unfinished": [[0, 3], [0, 5], [0, 7]]},
+        }
+
+    def actor_stats(self):
+        return {i: r for i, r in self.reports.items() if i not in self.dead}, dict(self.dead)
+
+    def push_weights(self, version):
+        self.calls.append(("push", version))
+        if self.fail_next_push:
+            self.fail_next_push = False
+            raise RuntimeError("weight push #3 failed: broadcast failed: Connection closed by peer")
+        return {"gbps": 1.0}
+
+    def restart_actors(self, plans, version):
+        self.calls.append(("restart", plans, version))
+        for i in plans:
+            self.pids[i] += 10
+        self.restarts += len(plans)
+
+    def connect_weight_sync(self):
+        self.calls.append(("connect",))
+
+    def start_rollouts(self, which=None):
+        self.calls.append(("rollouts", which))
+
+
+@pytest.fixture
+def buffer():
+    proc, address = start_buffer_process(None, batch_prompts=2, max_staleness=1)
+    yield address
+    proc.terminate()
+    proc.join(10)
+
+
+def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(buffer, tmp_path):
+    with BufferClient(buffer, "actor-1") as dead_actor:  # before it died, actor 1 ...
+        assert dead_actor.request_credit(2, 0).granted == 2
+        assert dead_actor.push_group(make_group("a1-1", prompt_index=5, meta={"epoch": 0})).accepted  # delivered (0, 5)
+    graph, said = StandInGraph(), []
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=said.append))
+    try:
+        assert driver.client.stats()["credits_outstanding"] == 1  # ... and held one unit it never used
+        driver.ledger.record(0, [(0, 1), (0, 3)])
+        driver.version = 1
+        assert driver._check_actors() == {}  # all alive: their reports are kept
+        graph.dead, graph.fail_next_push = {1: "process gone: ActorDiedError"}, True
+
+        assert driver._push_weights() == {}
+
+        push, (_, plans, version), *rest = graph.calls
+        assert push == ("push", 1) and version == 1 and list(plans) == [1]
+        assert rest == [("connect",), ("push", 1), ("rollouts", [1])]  # new group, push, and only then generate
+        plan = plans[1]
+        assert plan["cursor"] == graph.reports[1]["cursor"]
+        assert set(plan["skip"]) == {(0, 1), (0, 3), (0, 5)}  # trained, trained, held by the buffer
+        assert plan["requeue"] == [(0, 7)]  # of its unfinished prompts, the one neither trained nor held
+        assert driver.client.stats()["credits_outstanding"] == 0  # the dead actor's credit was released
+        assert any(m.startswith("[actor] the weight push of version 1 failed") for m in said)
+        assert ("[actor] actor 1 (pid 101) died (process gone: ActorDiedError); restarted as pid 111 and "
+                "re-synced to version 1") in said[-1]
+        assert "resume at epoch 0, position 4, 1 unfinished re-queued" in said[-1]
+
+        graph.dead, graph.fail_next_push, graph.calls = {}, True, []
+        with pytest.raises(RuntimeError, match="weight push #3"):  # no actor to blame: the error stands
+            driver._push_weights()
+        assert [c[0] for c in graph.calls] == ["push"]
+    finally:
+        driver.client.close()
+
+
+def test_an_actor_dead_before_its_first_report_restarts_its_shard_from_the_top(buffer, tmp_path):
+    graph = StandInGraph()
+    graph.dead = {0: "its vLLM engine died"}
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+    try:
+        driver.ledger.record(0, [(0, 2)])
+        assert driver._check_actors() == {0: "its vLLM engine died"}
+        (_, plans, _), *_ = graph.calls
+        assert plans == {0: {"skip": [(0, 2)]}}  # fresh cursor, minus what was trained or is held
+    finally:
+        driver.client.close()
