@@ -34,16 +34,16 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.runs import (  # noqa: E402
     ROOT,
-    check_extras,
+    add_run_options,
     cumulative_samples,
     eval_curve,
+    finish_run_options,
     fmt,
     load_average,
     load_rows,
@@ -73,31 +73,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="samples the learner consumes per algorithm (rounded up to whole steps)")
     p.add_argument("--seed", type=int, default=0, help="top-level seed of every run")
     p.add_argument("--eval-every", type=int, default=5, metavar="N", help="learner.eval_every (steps)")
-    p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override passed to every run (repeatable)")
-    p.add_argument("--out-dir", type=Path, default=None,
-                   help="folder of the run folders and their logs (default runs/bench-learning-<time>)")
-    p.add_argument("--table", type=Path, default=ROOT / "bench" / "learning_results.md",
-                   help="markdown file for the results table")
+    add_run_options(p, "learning")
     p.add_argument("--plot", type=Path, default=ROOT / "bench" / "learning_curves.png", help="PNG of the curves")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="per-run limit (stopped cleanly after it)")
-    p.add_argument("--reuse", action="store_true",
-                   help="start no run: only analyse the finished runs in --out-dir (missing ones "
-                        "are reported as failed)")
-    p.add_argument("--echo", choices=["progress", "all", "none"], default="progress",
-                   help="what of each run's output to echo to stderr (all of it is in the run's log file)")
     args = p.parse_args(argv)
     if args.samples <= 0:
         p.error("--samples must be positive")
     if args.eval_every <= 0:
         p.error("--eval-every must be positive (the curves need evaluations)")
-    try:
-        args.extra = check_extras(args.extra, RESERVED)
-    except ValueError as e:
-        p.error(str(e))
-    if args.out_dir is None:
-        args.out_dir = ROOT / "runs" / f"bench-learning-{time.strftime('%Y%m%d-%H%M%S')}"
-    return args
+    return finish_run_options(p, args, "learning", RESERVED)
 
 
 def budget(cfg, samples: int) -> dict:

@@ -187,6 +187,33 @@ def check_extras(extras: Iterable[str], reserved: dict[str, str]) -> list[str]:
     return out
 
 
+def add_run_options(p, name: str) -> None:
+    """The options every end-to-end benchmark shares: overrides, folders, limits, re-analysis, echo."""
+    p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override passed to every run (repeatable)")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help=f"folder of the run folders and their logs (default runs/bench-{name}-<time>)")
+    p.add_argument("--table", type=Path, default=ROOT / "bench" / f"{name}_results.md",
+                   help="markdown file for the results table")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="per-run limit (stopped cleanly after it)")
+    p.add_argument("--reuse", action="store_true",
+                   help="start no run: only analyse the finished runs in --out-dir (missing ones are reported "
+                        "as failed)")
+    p.add_argument("--echo", choices=["progress", "all", "none"], default="progress",
+                   help="what of each run's output to echo to stderr (all of it is in the run's log file)")
+
+
+def finish_run_options(p, args, name: str, reserved: dict[str, str]):
+    """Validate --extra against the keys the benchmark sets itself; default --out-dir."""
+    try:
+        args.extra = check_extras(args.extra, reserved)
+    except ValueError as e:
+        p.error(str(e))
+    if args.out_dir is None:
+        args.out_dir = ROOT / "runs" / f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return args
+
+
 def machine() -> dict:
     info = {"cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
     with contextlib.suppress(OSError):

@@ -79,15 +79,14 @@ import argparse
 import json
 import shlex
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.runs import (  # noqa: E402
-    ROOT,
     accuracy_at,
-    check_extras,
+    add_run_options,
+    finish_run_options,
     fmt,
     ideal_bound,
     ideal_bound_sync_serial,
@@ -137,18 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="configuration on top of configs/<algo>.yaml (see the module docstring)")
     p.add_argument("--algo", default="grpo", help="algorithm (configs/<algo>.yaml)")
     p.add_argument("--goal-k", type=int, default=2, help="K whose result is judged against the goals")
-    p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override passed to every run (repeatable), after the profile")
-    p.add_argument("--out-dir", type=Path, default=None,
-                   help="folder of the run folders and their logs (default runs/bench-staleness-<time>)")
-    p.add_argument("--table", type=Path, default=ROOT / "bench" / "staleness_results.md",
-                   help="markdown file for the results table")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="per-run limit (stopped cleanly after it)")
-    p.add_argument("--reuse", action="store_true",
-                   help="start no run: only analyse the finished runs in --out-dir (missing ones are reported "
-                        "as failed)")
-    p.add_argument("--echo", choices=["progress", "all", "none"], default="progress",
-                   help="what of each run's output to echo to stderr (all of it is in the run's log file)")
+    add_run_options(p, "staleness")
     args = p.parse_args(argv)
     if args.steps <= args.skip_steps:
         p.error(f"--steps {args.steps} leaves nothing after --skip-steps {args.skip_steps}")
@@ -156,13 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.ks = sorted(dict.fromkeys(args.ks))
     if any(k < 0 for k in args.ks):
         p.error("--ks: K must be ≥ 0")
-    try:
-        args.extra = check_extras(args.extra, RESERVED)
-    except ValueError as e:
-        p.error(str(e))
-    if args.out_dir is None:
-        args.out_dir = ROOT / "runs" / f"bench-staleness-{time.strftime('%Y%m%d-%H%M%S')}"
-    return args
+    return finish_run_options(p, args, "staleness", RESERVED)
 
 
 def overrides_for(args: argparse.Namespace, k: int, seed: int) -> list[str]:
