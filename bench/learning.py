@@ -45,15 +45,12 @@ from bench.runs import (  # noqa: E402
     eval_curve,
     finish_run_options,
     fmt,
-    load_average,
-    load_rows,
     log,
     machine,
     markdown_table,
     mean_over,
-    report_failure,
     rounded,
-    run_algo_train,
+    run_and_analyse,
     steps_for_samples,
     training_clock,
     training_rows,
@@ -202,24 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, algo in enumerate(args.algos, 1):
         p, name = plans[algo], algo
         log(f"[bench] run {i}/{len(args.algos)}: {algo}, {p['steps']} steps (log {args.out_dir / (name + '.log')})")
-        rec = {"bench": "learning", "algo": algo, "seed": args.seed, **p, "run_dir": str(args.out_dir / name),
-               "log": str(args.out_dir / (name + ".log")), "load_before": load_average()}
-        res = run_algo_train(name, algo, args.out_dir / name, overrides(args, p["steps"]),
-                             args.out_dir / (name + ".log"), timeout_s=args.timeout_s, reuse=args.reuse,
-                             echo=args.echo)
-        rec |= {"status": res.status, "run_s": res.seconds, "load_after": load_average()}
-        if res.status == "reused":  # the load now says nothing about when that run ran
-            rec["load_before"] = rec["load_after"] = None
+        rec = {"bench": "learning", "algo": algo, "seed": args.seed, **p}
+        res = run_and_analyse(rec, name, algo, overrides(args, p["steps"]), args,
+                              lambda rows, steps=p["steps"]: analyse(rows, steps))
         if res.ok:
-            try:
-                rec |= analyse(load_rows(res.run_dir), p["steps"])
-                rec["status"] = "ok"
-            except (ValueError, KeyError, FileNotFoundError, ZeroDivisionError) as e:
-                res.status, res.error = "failed", f"unreadable metrics: {e}"
-        if not res.ok:
-            rec |= {"status": "failed", "error": res.error}
-            report_failure(res)
-        else:
             log(f"[bench] {algo}: accuracy {fmt(rec['accuracy_before'])} → {fmt(rec['accuracy_end'])} "
                 f"(best {fmt(rec['accuracy_best'])}), {fmt(rec['samples_per_s'], '.1f')} samples/s, "
                 f"{res.seconds or 0:.0f} s end to end")

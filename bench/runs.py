@@ -174,6 +174,30 @@ def report_failure(res: RunResult, lines: int = 40) -> None:
         f"{tail(res.log_path, lines)}\n--- end of log ---")
 
 
+def run_and_analyse(rec: dict, name: str, algo: str, overrides: Sequence[str], args,
+                    analyse: Callable[[list[Row]], dict]) -> RunResult:
+    """Run (or, with --reuse, find) one benchmark run into `args.out_dir/name` and fill `rec` with its
+    status, timings, machine load and `analyse(rows)`; a failed or unreadable run is marked failed
+    in `rec` and its log tail printed."""
+    log_path = args.out_dir / (name + ".log")
+    rec |= {"run_dir": str(args.out_dir / name), "log": str(log_path), "load_before": load_average()}
+    res = run_algo_train(name, algo, args.out_dir / name, overrides, log_path, timeout_s=args.timeout_s,
+                         reuse=args.reuse, echo=args.echo)
+    rec |= {"status": res.status, "run_s": res.seconds, "load_after": load_average()}
+    if res.status == "reused":  # the load now says nothing about when that run ran
+        rec["load_before"] = rec["load_after"] = None
+    if res.ok:
+        try:
+            rec |= analyse(load_rows(res.run_dir))
+            rec["status"] = "ok"
+        except (ValueError, KeyError, FileNotFoundError, ZeroDivisionError) as e:
+            res.status, res.error = "failed", f"unreadable metrics: {e}"
+    if not res.ok:
+        rec |= {"status": "failed", "error": res.error}
+        report_failure(res)
+    return res
+
+
 def check_extras(extras: Iterable[str], reserved: dict[str, str]) -> list[str]:
     """`--extra KEY=VALUE` list, checked for form and for keys the benchmark sets itself."""
     out = []

@@ -90,8 +90,6 @@ from bench.runs import (  # noqa: E402
     fmt,
     ideal_bound,
     ideal_bound_sync_serial,
-    load_average,
-    load_rows,
     log,
     machine,
     markdown_table,
@@ -100,9 +98,8 @@ from bench.runs import (  # noqa: E402
     mean_sd,
     paired_accuracy_delta,
     ratio,
-    report_failure,
     rounded,
-    run_algo_train,
+    run_and_analyse,
     steady_state,
     training_rows,
 )
@@ -317,23 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"k{k}-seed{seed}"
         log(f"[bench] run {i}/{len(plan)}: K={k} seed {seed} (log {args.out_dir / (name + '.log')})")
         rec = {"bench": "staleness", "algo": args.algo, "profile": args.profile, "k": k, "seed": seed,
-               "steps": args.steps, "run_dir": str(args.out_dir / name), "log": str(args.out_dir / (name + ".log")),
-               "load_before": load_average()}
-        res = run_algo_train(name, args.algo, args.out_dir / name, overrides_for(args, k, seed),
-                             args.out_dir / (name + ".log"), timeout_s=args.timeout_s, reuse=args.reuse,
-                             echo=args.echo)
-        rec |= {"status": res.status, "run_s": res.seconds, "load_after": load_average()}
-        if res.status == "reused":  # the load now says nothing about when that run ran
-            rec["load_before"] = rec["load_after"] = None
-        if res.ok:
-            try:
-                rec |= analyse(load_rows(res.run_dir), args.steps, args.skip_steps, k)
-                rec["status"] = "ok"
-            except (ValueError, KeyError, FileNotFoundError, ZeroDivisionError) as e:
-                res.status, res.error = "failed", f"unreadable metrics: {e}"
-        if not res.ok:
-            rec |= {"status": "failed", "error": res.error}
-            report_failure(res)
+               "steps": args.steps}
+        res = run_and_analyse(rec, name, args.algo, overrides_for(args, k, seed), args,
+                              lambda rows, k=k: analyse(rows, args.steps, args.skip_steps, k))
         base = next((r for r in records if r["seed"] == seed and r["k"] == 0), rec if k == 0 else None)
         if rec["status"] == "ok":
             add_baseline(rec, base)
