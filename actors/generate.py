@@ -29,12 +29,13 @@ class RequestAborted(RuntimeError):
 
 @dataclass
 class SamplingSettings:
-    """Rollout sampling: `rollout.temperature/top_p/max_response_tokens`, eval temperature."""
+    """Rollout sampling: `rollout.temperature/top_p/max_response_tokens`, eval temperature, `rollout.top_k`."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 128
     eval_temperature: float = 0.0
+    top_k: int = 0  # 0 or -1 = off (vLLM); after the four fields actors/core.py passes positionally
     seeded: bool = True  # per-request seeds drawn from the actor's RNG (reproducible runs)
 
 
@@ -64,9 +65,10 @@ class GroupSampler:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(n=n, temperature=temperature, top_p=self.s.top_p if temperature > 0 else 1.0,
-                              max_tokens=max_tokens, logprobs=0, flat_logprobs=True, seed=seed,
-                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        sampled = temperature > 0
+        return SamplingParams(n=n, temperature=temperature, top_p=self.s.top_p if sampled else 1.0,
+                              top_k=self.s.top_k if sampled else 0, max_tokens=max_tokens, logprobs=0,
+                              flat_logprobs=True, seed=seed, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
     async def _request(self, prompt_ids: Sequence[int], params, tag: str) -> list:
         """Completions of one request, in sample order. An aborted request raises."""

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 from algos import baselines
 from algos.aggregation import aggregate_rows
+from algos.importance import importance_correction
+from algos.masked import masked_mean
 from algos.registry import AlgoSpec, LossComponent, LossContext, LossTerm, register
 
 PACS_ESTIMATORS = ("rloo", "grpo", "naive")
@@ -147,20 +149,69 @@ def pacs_row_losses(logprobs: torch.Tensor, old_logprobs: torch.Tensor, response
     return rows, metrics
 
 
-def bce_loss(ctx: LossContext, cfg: Any) -> LossTerm:
-    """LossComponent "pacs_bce": Σ_i w_i·BCE(Â_i, v_i) / (#rows of the step, ctx.norm.num_rows).
+ROW_IS_MODES = ("tis", "mask", "none")
 
-    r̂ uses ctx.logprobs (π_θ) and ctx.batch.old_logprobs (π_prox); labels are ctx.batch.rewards.
+
+def sequence_ratio(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """s_i = exp(mean_t (log π_prox − log μ)) over the row's on-policy tokens (`mask` [B, T]): the
+    length-normalised sequence ratio (geometric mean of the token ratios, as in GSPO); 1 for a row
+    without on-policy tokens. [B, T] -> [B], detached."""
+    m = mask.to(prox_logprobs.dtype)
+    d = (prox_logprobs - behav_logprobs).detach().clamp(-20.0, 20.0) * m
+    return torch.exp(d.sum(-1) / m.sum(-1).clamp_min(1.0))
+
+
+def row_importance_weight(ratio: torch.Tensor, mode: str = "tis", cap: float = 2.0, cap_min: float = 0.5,
+                          cap_max: float = 5.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """PACS' behaviour correction per row (`loss.is_correction`) from `sequence_ratio` s [B]:
+    (weight c [B], corrected [B] bool — rows truncated or dropped).
+
+      tis → c = min(s, C);   mask → c = 1 if C_min ≤ s ≤ C_max else 0;   none → c = 1.
+    `decoupled` is refused: it decouples a PPO clip, and PACS has none.
+    PACS' loss is a BCE per row, not a sum over tokens, so the correction weights rows.
+    Deviations from the paper/reference: PACS is synchronous there and has no behaviour correction.
+    The unbiased sequence weight Π_t π_prox/μ has a variance that grows with the length; the
+    length-normalised ratio trades that bias for bounded variance.
+    """
+    if mode not in ROW_IS_MODES:
+        raise ValueError(f"loss.is_correction={mode!r} is not defined for PACS: it decouples a PPO clip and "
+                         f"PACS has none — use one of {ROW_IS_MODES}")
+    if mode == "tis":
+        return torch.clamp(ratio, max=cap), ratio > cap
+    if mode == "mask":
+        keep = (ratio >= cap_min) & (ratio <= cap_max)
+        return keep.to(ratio.dtype), ~keep
+    return torch.ones_like(ratio), torch.zeros_like(ratio, dtype=torch.bool)
+
+
+def bce_loss(ctx: LossContext, cfg: Any) -> LossTerm:
+    """LossComponent "pacs_bce": Σ_i c_i·w_i·BCE(Â_i, v_i) / (#rows of the step, ctx.norm.num_rows).
+
+    r̂ uses ctx.logprobs (π_θ) and ctx.batch.old_logprobs (π_prox); labels are ctx.batch.rewards; c_i is
+    the behaviour correction of `row_importance_weight` (cfg.loss.is_correction, is_cap, is_mask_low,
+    is_mask_high). Metrics: the pacs/* diagnostics; the token-level is/* and mismatch/kl diagnostics
+    every algorithm logs, except is/clip_frac, replaced by pacs/is_row_clip_frac (rows truncated or
+    dropped); pg/ppo_kl = mean over response tokens of log π_prox − log π_θ (how far the earlier
+    optimiser steps of this learner step moved the policy; 0 at the first).
     Deviations from the reference: the reference averages over the rows of each micro-batch and then
     divides by the number of micro-batches; the global row count is the same when micro-batches are
     equal, and keeps the gradient independent of the split when they are not.
     """
-    b, pc = ctx.batch, cfg.pacs
+    b, pc, lo = ctx.batch, cfg.pacs, cfg.loss
     rows, metrics = pacs_row_losses(ctx.logprobs, b.old_logprobs, b.response_mask, b.rewards, b.group_index,
                                     method=pc.method, beta=pc.beta, estimator=pc.estimator,
                                     use_std=pc.use_std, weight_mode=pc.weight_mode,
                                     masked=pc.masked_score)
-    loss = aggregate_rows(rows, ctx.norm)
+    on = b.on_policy_mask
+    c, corrected = row_importance_weight(sequence_ratio(b.old_logprobs, b.behav_logprobs, on), lo.is_correction,
+                                         lo.is_cap, lo.is_mask_low, lo.is_mask_high)
+    loss = aggregate_rows(rows * c, ctx.norm)
+    diag = importance_correction(b.old_logprobs, b.behav_logprobs, on, "none").metrics
+    diag.pop("is/clip_frac")
+    metrics |= diag | {
+        "pacs/is_row_clip_frac": corrected.to(c.dtype).mean() if c.numel() else torch.zeros(()),
+        "pg/ppo_kl": masked_mean(b.old_logprobs - ctx.logprobs.detach(), b.response_mask),
+    }
     return LossTerm(loss, {"pacs/bce": loss.detach()} | metrics)
 
 

@@ -1,4 +1,4 @@
-"""PPO clipped surrogate (with optional dual clip) and KL estimators.
+"""PPO clipped surrogate (token- or GSPO sequence-level ratio, optional dual clip) and KL estimators.
 
 Shapes: every tensor [B, T]; `mask` is the response (loss) mask. The loss returned is per token,
 un-aggregated: the learner aggregates it with `algos.aggregation` under global normalisation.
@@ -13,6 +13,26 @@ from algos.masked import masked_mean
 LOG_RATIO_CLAMP = 20.0
 
 
+RATIO_LEVELS = ("token", "sequence")
+
+
+def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token log-ratio [B, T]: sg[log s_i] + log π_θ(y_t) − sg[log π_θ(y_t)], with
+
+        log s_i = clamp(Σ_t (log π_θ − log π_old)·M / Σ_t M, ±20)   (0 for an empty row).
+
+    Its value is log s_i on every token of row i; its gradient is that of log π_θ(y_t), so
+    exp(·) = s_{i,t} = sg[s_i]·π_θ(y_t)/sg[π_θ(y_t)] has gradient s_i·∇log π_θ(y_t) (Zheng et al.
+    2025, "GSPO-token"). With a per-row advantage and seq-mean-token-mean aggregation this is
+    GSPO's sequence-level gradient s_i·A_i·(1/|y_i|)·Σ_t ∇log π_θ(y_t).
+    """
+    m = mask.to(logprobs.dtype)
+    diff = torch.where(m > 0, logprobs - old_logprobs, torch.zeros_like(logprobs)).detach()
+    seq = diff.sum(-1) / m.sum(-1).clamp_min(1.0)
+    seq = torch.clamp(seq, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return seq[:, None] + logprobs - logprobs.detach()
+
+
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -21,17 +41,29 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    ratio_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)), r = exp(clamp(log π_θ − log π_old, ±20)).
+    """ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)) per token.
 
-    With `dual_clip = c` (> 1), tokens with A < 0 use min(ℓ, −c·A) (Ye et al. 2020, as verl).
-    Metrics (masked means, detached): clipfrac (the clipped branch is active), clipfrac_lower (the
-    dual clip is active), ppo_kl (mean of log π_old − log π_θ).
+    ratio_level "token" (default): r = exp(clamp(log π_θ − log π_old, ±20)).
+    ratio_level "sequence" (GSPO, Zheng et al. 2025): r = s_{i,t} from `sequence_log_ratio` over the
+    row's `mask` tokens — the value s_i is shared by the row, so the clip acts per sequence (a clipped
+    row gets no gradient from that side), while A may still vary per token (GSPO-token).
+    With `dual_clip = c` (> 1), tokens with A < 0 use min(ℓ, −c·A) (Ye et al. 2020, as verl), on the
+    token's own A and the chosen r.
+    Metrics (masked means over `mask`, detached): clipfrac (tokens whose clipped branch is active; for
+    "sequence" the token-weighted fraction of clipped rows when A is per row), clipfrac_lower (the
+    dual clip is active), ppo_kl (mean over tokens of log π_old − log π_θ, clamped to ±20, both levels).
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (got {dual_clip})")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"unknown loss.ratio_level {ratio_level!r}; choose one of {RATIO_LEVELS}")
     log_ratio = torch.clamp(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
+    if ratio_level == "sequence":
+        ratio = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))
+    else:
+        ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)

@@ -1,12 +1,14 @@
 """PRIME: implicit process rewards (online PRM) + RLOO over process and outcome rewards, PPO clip.
 
-ALGORITHMS.md "PRIME"; REFERENCE_NOTES §2, §7.1–7.6. The PRM side (implicit reward, normalisation, CE
-loss, dpo_acc) is in `algos.prime_prm`; this module holds the group filter, the advantage and the spec.
+ALGORITHMS.md "PRIME"; REFERENCE_NOTES §2, §7.1–7.6. The PRM side (implicit reward, λ smoothing,
+normalisation, PRM losses, dpo_acc) is in `algos.prime_prm`; this module holds the group filter, the
+oversample-then-downsample choice, the advantage and the spec.
 
-Spec "prime" reads `cfg.prime`: beta, raw_q, granularity, norm, norm_shards, c_gt, c_pr, gamma, whiten,
-process_baseline (and optionally outcome_gamma, default 1). `update`, `ref`, `prm_lr`, `prm_grad_clip`
-belong to the learner's PRM provider. Inputs: `batch.extras["prime_q"]` [B, T] float (q = log π_φ −
-log π_ref per response token, from the provider) and `batch.rewards` [B] (verifier accuracy v_i).
+Spec "prime" reads `cfg.prime`: beta, raw_q, lam, use_gt, granularity, drop_last_token, norm,
+norm_shards, c_gt, c_pr, gamma, outcome_gamma, whiten, process_baseline. `update`, `ref`, `prm_loss`,
+`prm_lr`, `prm_grad_clip` belong to the learner's PRM provider. Inputs: `batch.extras["prime_q"]` [B, T]
+float (q = log π_φ − log π_ref per response token, from the provider) and `batch.rewards` [B] (verifier
+accuracy v_i; also the acc of `prime.use_gt`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from algos import baselines
 from algos.masked import masked_mean, whiten
 from algos.policy_gradient import STANDARD_LOSSES, kl_requirements
 from algos.prime_prm import (
+    dpo_abs_accuracy,
     dpo_accuracy,
     implicit_process_reward,
     normalize_process_reward,
     prm_ce_loss,
     process_reward_scale,
 )
-from algos.registry import AlgoSpec, StepBatch, register
+from algos.registry import PROX, AlgoSpec, StepBatch, register
 from algos.returns import discounted_returns, place_at_last_token
 
 PROCESS_BASELINES = ("seed", "reference")
@@ -66,6 +69,33 @@ def accuracy_group_filter(
         truncated = (response_mask.sum(-1) >= max_response_length).double()
         keep &= (baselines.group_sum(truncated, group_index, g) == 0)[group_index]
     return keep
+
+
+def downsample_groups(group_pass: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Indices [num_groups] int64 of the groups to train on, passing groups first (mirrors PRIME-verl
+    `filter_and_downsample`, REFERENCE_NOTES §2.1 step 3 and §7.6).
+
+    group_pass [G] bool: group g passes the filters, e.g. `accuracy_group_filter(...)` at g's first row
+    (PRIME-verl's truncation filter, max valid length ≥ max_response_length − 1, is
+    `max_response_length=L − 1` there). With G = oversample_factor × B candidates and num_groups = B the
+    result is: every passing group in index order, then failing groups in index order, cut to exactly
+    num_groups — so failing groups fill the batch when fewer than B pass. Row indices of group g with
+    contiguous groups of n: g·n … g·n + n − 1 (the reference reorders rows that way).
+
+    Deviations from the reference: the order is stable (the reference's `argsort(mask, descending=True)`
+    does not guarantee which passing/failing groups come first among equals). In this system the
+    function is not wired in: the buffer applies the accuracy filter (`buffer.filter=accuracy_window`)
+    and the learner pulls `learner.batch_prompts` passing groups, so the refill happens by construction
+    (the buffer waits for more passing groups; failing groups never fill a batch).
+    """
+    if group_pass.dim() != 1:
+        raise ValueError(f"group_pass must be [G] (got shape {tuple(group_pass.shape)})")
+    g = group_pass.shape[0]
+    if not 0 <= num_groups <= g:
+        raise ValueError(f"cannot keep {num_groups} groups out of {g} candidates")
+    passing = group_pass.bool()
+    order = torch.cat([torch.nonzero(passing).flatten(), torch.nonzero(~passing).flatten()])
+    return order[:num_groups]
 
 
 def rloo_process_rewards(r: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
@@ -152,16 +182,17 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
     pc = cfg.prime
     m = batch.response_mask.float()
     q = _check_q(batch)
-    r = implicit_process_reward(q, m, pc.beta, pc.raw_q, pc.granularity)
+    acc = batch.rewards.float()
+    r = implicit_process_reward(q, m, pc.beta, pc.raw_q, pc.granularity, lam=pc.lam, use_gt=pc.use_gt, acc=acc,
+                                drop_last_token=pc.drop_last_token)
     shards = pc.norm_shards
     scale = process_reward_scale(r, m, pc.norm, shards)
     r = normalize_process_reward(r, m, pc.norm, shards)
     adv, returns = prime_advantage(
-        r, m, batch.rewards.float(), batch.group_index,
+        r, m, acc, batch.group_index,
         c_gt=pc.c_gt, c_pr=pc.c_pr, gamma=pc.gamma, outcome_gamma=pc.outcome_gamma,
         do_whiten=pc.whiten, process_baseline=pc.process_baseline,
     )
-    acc = batch.rewards.float()
     metrics = {
         "prime/q_mean": masked_mean(q, m),
         "prime/reward_mean": masked_mean(r, m),
@@ -169,6 +200,7 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
         "prime/norm_scale": scale.mean() if scale.numel() else torch.zeros(()),
         "prime/prm_ce_eval": prm_ce_loss(q, acc.clamp(0.0, 1.0), m, pc.beta),
         "prime/dpo_acc": dpo_accuracy(q, acc, m, batch.group_index),
+        "prime/dpo_abs_acc": dpo_abs_accuracy(q, acc, m),
         "prime/return_mean": masked_mean(returns, m),
         "prime/adv_mean": masked_mean(adv, m),
     }
@@ -176,8 +208,10 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
 
 
 def prime_requirements(cfg: Any) -> frozenset[str]:
-    """StepBatch inputs of spec "prime": the implicit-PRM provider's q, plus ref log-probs for a KL loss."""
-    return frozenset({"prime_q"}) | kl_requirements(cfg)
+    """StepBatch inputs of spec "prime": the implicit-PRM provider's q, plus ref log-probs for a KL loss
+    (and π_prox before the update when it is the PRM's reference, prime.ref = policy)."""
+    prox = {PROX} if cfg.prime.ref == "policy" else set()
+    return frozenset({"prime_q"} | prox) | kl_requirements(cfg)
 
 
 register(AlgoSpec(

@@ -32,22 +32,33 @@ class StepBatch:
     prefix_mask    [B, T] bool   True on off-policy demonstration tokens (LUFFY); else all False
     group_index    [B] int64     group (prompt) id in [0, G)
     rewards        [B] float     verifiable outcome reward
-    old_logprobs   [B, T] float  π_prox: learner log-probs recomputed at the start of the step
+    old_logprobs   [B, T] float  π_prox: learner log-probs recomputed at the start of the step (before its
+                                 first optimiser step). None in the advantage when the spec does not
+                                 require PROX and the step is one optimiser step: the loss then gets the
+                                 detached log-probs of its own forward (equal to π_prox there)
     behav_logprobs [B, T] float  μ: the sampler's log-probs (0 on demonstration tokens)
     ref_logprobs   [B, T] float  frozen reference policy (only when required)
     extras         provider outputs keyed by name (documented by the spec that requires them)
     step           optimiser step index (0-based) the batch is trained at
+    truncated      [B] bool      the sample hit the generation limit before an eos (`Sample.truncated`);
+                                 None at construction means all False (DAPO overlong handling, algos.overlong)
     """
 
     response_mask: torch.Tensor
     prefix_mask: torch.Tensor
     group_index: torch.Tensor
     rewards: torch.Tensor
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     behav_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     step: int = 0
+    truncated: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.truncated is None:
+            self.truncated = torch.zeros(self.response_mask.shape[0], dtype=torch.bool,
+                                         device=self.response_mask.device)
 
     @property
     def on_policy_mask(self) -> torch.Tensor:
@@ -110,6 +121,8 @@ class AlgoSpec:
     skip_nonfinite_grad: bool = False  # PACS: a non-finite grad norm skips the step (counted)
     clip_grad: bool = True  # PACS never clips (reference behaviour, §5)
 
+
+PROX = "old_logprobs"  # a `requires` name: the advantage or a provider reads π_prox before any update
 
 _REGISTRY: dict[str, AlgoSpec] = {}
 

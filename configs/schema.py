@@ -1,7 +1,8 @@
 """The typed schema of a whole run. Every field states its unit.
 
 Units used in descriptions: *prompts* (groups), *samples* (responses; a group of one prompt holds
-`rollout.n` samples), *tokens*, *versions* (learner optimiser steps), *steps* (optimiser steps).
+`rollout.n` samples), *tokens*, *steps* (learner steps: one pulled batch, one weight push, made of
+`learner.mini_batches × learner.epochs` *optimiser steps*), *versions* (= learner steps: a version is a push).
 "Global" means summed over all learner ranks; "per rank" means one data-parallel rank.
 
 Unknown keys are rejected (`extra="forbid"`), and cross-field rules (e.g. LUFFY needs demonstrations,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ALGOS = ("grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft")
 
@@ -64,6 +65,9 @@ class RolloutConfig(Section):
     n: int = Field(8, ge=1, description="samples per prompt (group size)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature; behaviour log-probs are after it")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int = Field(
+        0, ge=-1, description="top-k sampling: keep the k most likely tokens (ties kept), applied before top_p; "
+                              "0 or -1 = off (vLLM's convention), tokens; behaviour and learner log-probs are after it")
     max_response_tokens: int = Field(128, gt=0, description="generation limit per sample, tokens")
     prompts_in_flight: int = Field(8, ge=1, description="prompts each actor generates concurrently")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per actor (Ray resources)")
@@ -89,17 +93,28 @@ class BufferConfig(Section):
 class LearnerConfig(Section):
     world_size: int = Field(1, ge=1, description="FSDP data-parallel ranks")
     batch_prompts: int = Field(8, ge=1, description="prompts (groups) per optimiser step, global")
+    mini_batches: int = Field(
+        1, ge=1, description="optimiser steps per pass over a pulled batch: the batch_prompts groups are cut into "
+                             "this many mini-batches of whole groups (sizes differ by at most one group), each "
+                             "normalised by its own global token counts (veRL ppo_mini_batch_size = "
+                             "batch_prompts / mini_batches)")
+    epochs: int = Field(
+        1, ge=1, description="passes over each pulled batch (veRL ppo_epochs, TRL num_iterations): a learner step "
+                             "takes mini_batches × epochs optimiser steps against one π_prox and one advantage, "
+                             "then pushes weights once — a version is a learner step, not an optimiser step")
     micro_batch_samples: int = Field(16, ge=1, description="samples per forward/backward, per rank")
     lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm (ignored by algorithms that never clip)")
-    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up, optimiser steps")
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up, optimiser steps (the schedule runs over "
+                                                   "steps × mini_batches × epochs optimiser steps)")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="decay after warm-up")
     activation_checkpointing: bool = Field(False, description="recompute activations in backward")
     logprob_chunk_tokens: int = Field(
         4096, gt=0, description="tokens per chunk when computing log-probs/entropy (bounds the [tokens, vocab] logits)")
-    steps: int = Field(50, ge=1, description="optimiser steps to run")
+    steps: int = Field(50, ge=1, description="learner steps to run (batches pulled = weight versions pushed); "
+                                             "each takes mini_batches × epochs optimiser steps")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
     eval_every: int = Field(10, ge=0, description="held-out evaluation every N steps; 0 = never")
     cpus_per_rank: float = Field(1.0, gt=0, description="CPU cores per learner rank (Ray resources)")
@@ -127,6 +142,25 @@ class LossConfig(Section):
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     kl_coef: float = Field(0.0, ge=0, description="KL-to-reference loss coefficient (needs a reference model)")
     kl_estimator: Literal["k1", "abs", "mse", "k3"] = Field("k1", description="KL estimator for the loss term")
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="importance ratio of the PPO clip (every PPO-clip algorithm except luffy): token = "
+                             "π_θ/π_prox per token; sequence = GSPO (Zheng et al. 2025): s_i = exp(mean over the "
+                             "row's loss tokens of log π_θ − log π_prox), clipped per sequence, gradient in the "
+                             "GSPO-token form. The GSPO paper uses tiny clip ranges (clip_low 3e-4, clip_high 4e-4) "
+                             "and agg=seq-mean-token-mean; the defaults here stay 0.2/token-mean. The behaviour IS "
+                             "correction (is_correction) stays per token on top; dual_clip applies per token")
+    overlong_filter: bool = Field(
+        False, description="DAPO overlong filtering: samples that hit the generation limit before an eos "
+                           "(truncated) are masked out of every loss term (their rewards still enter the "
+                           "group baselines)")
+    overlong_cache_tokens: int = Field(
+        0, ge=0, description="DAPO soft overlong punishment cache L_cache, tokens: with L_max = "
+                             "rollout.max_response_tokens, a response of |y| > L_max − L_cache tokens gets reward "
+                             "penalty ((L_max − L_cache) − |y|)/L_cache (−1 beyond L_max), added to the outcome reward "
+                             "before the advantage (grpo, rloo, prime, pure, luffy); 0 = off (DAPO uses 4096 of "
+                             "20480)")
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0, description="scale of the soft overlong punishment (verl DAPO recipe overlong_buffer.penalty_factor)")
 
 
 class GRPOConfig(Section):
@@ -135,21 +169,55 @@ class GRPOConfig(Section):
 
 
 class PrimeConfig(Section):
-    beta: float = Field(0.05, gt=0, description="implicit PRM β: r_t = β q_t")
-    raw_q: bool = Field(False, description="PRIME-orig: r_t = q_t (no β)")
-    granularity: Literal["token", "whole"] = "token"
-    norm: Literal["batch_norm", "batch_norm_local", "none"] = "batch_norm"
+    """PRIME (algos/prime.py, algos/prime_prm.py, learner/prime_prm.py; REFERENCE_NOTES §2).
+
+    Reference defaults set outside this section (§2.7): loss.entropy_coef 0 (PRIME-orig script; the
+    PRIME-verl recipe uses 0.001), loss.dual_clip null (PRIME-orig has none; PRIME-verl's actor uses
+    c = 3), loss.kl_coef 0 (neither reference applies a KL). PRIME-verl's oversampling
+    (oversample_factor 4, failing groups fill a short batch) is not a key: the buffer's accuracy_window
+    filter waits for passing groups instead (`algos.prime.downsample_groups` holds the reference rule),
+    and its truncation filter (`filter_truncate`) is not applied by the buffer.
+    """
+
+    beta: float = Field(0.05, gt=0, description="implicit PRM β (both references 0.05): r_t = β q_t; also the PRM "
+                                                "losses' β (PRIME beta_train)")
+    raw_q: bool = Field(False, description="PRIME-orig: r_t = q_t (no β); default false = paper and PRIME-verl")
+    lam: float = Field(0.0, ge=0, le=1, description="λ of PRIME-verl's reward_model.lambda (default 0 = off, as "
+                                                    "PRIME-verl): r_t = Σ_{k≥t} λ^{k−t} q'_k with q' = β q")
+    use_gt: bool = Field(False, description="PRIME-verl prime_use_gt (only with lam > 0, as there): the last "
+                                            "token's q' becomes acc_i − Σ_{t<e_i} q'_t before the λ smoothing")
+    granularity: Literal["token", "whole"] = Field(
+        "token", description="token: reward on every response token (both references); whole: the row's total "
+                             "at its last token (PRIME-orig; with lam > 0 the total of the smoothed rewards)")
+    drop_last_token: bool = Field(
+        False, description="PRIME-verl's token granularity: the last response token gets reward 0 (needs "
+                           "granularity=token); default false keeps it (PRIME-orig)")
+    norm: Literal["batch_norm", "batch_norm_local", "none"] = Field(
+        "batch_norm", description="batch_norm: divide by max |suffix sum| + 1e-6 over the global batch (both "
+                                  "references take it per rank: batch_norm_local)")
     norm_shards: int = Field(1, ge=1, description="shards for batch_norm_local (normally the learner world size)")
-    c_gt: float = Field(5.0, description="outcome (verifier) coefficient")
-    c_pr: float = Field(5.0, description="process (implicit PRM) coefficient")
+    c_gt: float = Field(5.0, description="outcome (verifier) coefficient (PRIME-verl reward_gt_coef 5; PRIME-orig "
+                                         "uses 1, the same under whitening)")
+    c_pr: float = Field(5.0, description="process (implicit PRM) coefficient (PRIME-verl reward_dpo_coef 5; "
+                                         "PRIME-orig uses 1, the same under whitening)")
     gamma: float = Field(1.0, gt=0, le=1, description="discount of process returns")
     outcome_gamma: float = Field(1.0, gt=0, le=1, description="discount of the outcome return (PRIME-orig's verifier γ)")
     whiten: bool = True
-    process_baseline: Literal["seed", "reference"] = "seed"
-    update: Literal["single", "double"] = "single"
+    process_baseline: Literal["seed", "reference"] = Field(
+        "seed", description="seed: true leave-one-out process baseline (ALGORITHMS.md); reference: both "
+                            "references' (n·x − Σ_j m_j)/(n − 1), which is not leave-one-out (§7.1)")
+    update: Literal["single", "double"] = Field(
+        "single", description="single (default; PRIME-orig after, its only working mode, one PRM forward): "
+                              "rewards from the forward that gives the PRM loss, before the PRM step; double "
+                              "(PRIME-verl's recipe default before): step, then re-score with one more forward")
     ref: Literal["freeze", "policy"] = "freeze"
     prm_lr: float = Field(1e-6, gt=0, description="PRM AdamW learning rate")
     prm_grad_clip: float = Field(10.0, gt=0)
+    prm_loss: Literal["ce", "dpo", "bon_acc", "bon_rm"] = Field(
+        "ce", description="PRM loss (PRIME-verl loss_type): ce = BCE(σ(β Σq), acc) (both references); dpo, "
+                          "bon_acc, bon_rm = detached DPO against the group's scores from an extra no-grad "
+                          "forward before the update (PRIME-verl update=reverse), BoN-weighted for bon_*; "
+                          "per-row losses summed and divided by the step's rows")
 
 
 class PureConfig(Section):
@@ -158,13 +226,40 @@ class PureConfig(Section):
     gamma: float = Field(1.0, gt=0, le=1, description="discount for credit=gamma")
     c_pr: float = Field(1.0, description="process-reward coefficient")
     c_vr: float = Field(1.0, description="verifiable-reward (RLOO) coefficient")
-    baseline: Literal["token", "step"] = "token"
-    whiten: bool = False
-    zero_separators: bool = True
-    zero_final: bool = False
-    kl_coef: float = Field(0.0, ge=0, description="k1 KL-in-reward coefficient to a frozen reference")
+    baseline: Literal["token", "step", "verl"] = Field(
+        "token", description="baseline of the process return: token (PURE-main scripts), step (PURE-main argparse "
+                             "default) or verl (PURE-verl RLOO: the others' summed fused returns / ((n−1)·L) with L = "
+                             "rollout.max_response_tokens, verl's padded width; replaces the RLOO of the outcome)")
+    whiten: Literal["none", "batch", "pure_main"] = Field(
+        "none", description="advantage normalisation over the step's global batch: none; batch = Bessel whitening "
+                            "of the kept tokens (PURE-verl adv_norm, the boolean true); pure_main = PURE-main's "
+                            "buffer normaliser (zeroed tokens out of the count, in the variance). Default none, "
+                            "unlike both references, because ALGORITHMS.md makes whitening optional: both fused terms "
+                            "are already on the reward scale (step scores and outcomes in [−1, 1]), and one "
+                            "step's token statistics are noisy at small batches")
+    zero_separators: bool = Field(True, description="zero the advantage at step separators (PURE-main default; "
+                                                    "PURE-verl zeroes nothing)")
+    zero_final: bool = Field(
+        False, description="also zero the final response token's advantage; PURE-main does (its separator mask "
+                           "includes the eos), off here because it removes the gradient of the answer/eos token, "
+                           "which the reference's own comment says it means to keep (REFERENCE_NOTES §7.10)")
+    kl_coef: float = Field(
+        0.0, ge=0, description="KL-in-reward coefficient to a frozen reference (kl_estimator); both references use "
+                               "0.001. Default 0 here: it needs a frozen reference model (memory and one more "
+                               "forward per step) and ALGORITHMS.md makes it optional; the PPO clip and "
+                               "buffer.max_staleness already bound the drift per step")
+    kl_estimator: Literal["k1", "k3", "low_var_kl"] = Field(
+        "k1", description="per-token KL of the KL-in-reward, d = log π_prox − log π_ref: k1 = d (PURE-main default); "
+                          "k3 = exp(−d) − 1 + d unclamped (PURE-main use_kl_estimator_k3); low_var_kl = k3 with d "
+                          "clamped to ±20 and the value to [−10, 10] (PURE-verl kl_penalty low_var_kl)")
     prm: Literal["rule", "hf"] = Field("rule", description="rule-based step checker or an HF token-classification PRM")
     prm_path: str | None = Field(None, description="HF PRM directory when prm=hf")
+
+    @field_validator("whiten", mode="before")
+    @classmethod
+    def _whiten_bool(cls, v):
+        """Backward compatibility: pure.whiten was a boolean (false = none, true = batch)."""
+        return {False: "none", True: "batch"}.get(v, v) if isinstance(v, bool) else v
 
 
 class LuffyConfig(Section):
@@ -185,11 +280,17 @@ class LuffyConfig(Section):
     on_policy_reshape: str = "no_reshape"
     on_policy_reshape_weight: float = 0.1
     on_policy_reshape_pow_exp: float = 0.5
-    off_max_clip: float | None = None
-    off_min_clip: float | None = None
-    remove_clip: bool = False
-    clip_upper_bound: float = 1.0
-    all_max_clip: float | None = None
+    off_max_clip: float | None = Field(None, description="upper clamp of the off-policy shaping f(p); null = off "
+                                                         "(the reference writes -1 for off; here -1 is a bound)")
+    off_min_clip: float | None = Field(None, description="lower clamp of f(p); null = off (reference -1 = off)")
+    remove_clip: bool = Field(
+        False, description="drop the on-policy PPO clip (the reference script's loss_remove_clip=True). Only the "
+                           "on-policy clip exists to drop: demonstration tokens are never PPO-clipped, and no "
+                           "off-policy option (reshape, off_max_clip, off_min_clip) touches the on-policy clip")
+    clip_upper_bound: float = Field(1.0, description="on-policy clip range upper end is max(this, 1 + loss.clip_high)")
+    all_max_clip: float | None = Field(
+        None, gt=0, description="drop every response token (on- and off-policy) whose π_θ probability exceeds this; "
+                                "null = off (the reference writes -1 for off, rejected here: it would drop all tokens)")
     use_target_probs: bool = False
     filter_extreme_groups: bool = Field(True, description="zero the advantage of all-0/all-1 groups (the buffer's "
                                                           "filter=extreme drops them before training)")

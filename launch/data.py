@@ -7,10 +7,17 @@
   into the run folder by `tasks.write_teacher_file` and read back through the same loader, so the
   user's path and the default path are the same code.
 Demonstration token ids end with the tokenizer's eos: a ρ = 1 LUFFY row is the whole trace + eos.
+- Demonstration rewards: each demonstration is scored once, here, with the run's reward function (the
+  actors' `actors.generate.default_reward_fn`) exactly as an actor scores a row -- its token ids decoded
+  with special tokens skipped, against the matched training prompt's ground truth -- so a wrong teacher
+  trace is not reinforced as if it were right. The driver stores these scores with the demonstrations
+  (`BufferClient.add_demos(..., rewards=RunData.demo_rewards)`) and the buffer gives them to the ρ = 1
+  rows it attaches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +36,8 @@ class RunData:
     train_records: list[Record]
     skipped_prompts: list[int] = field(default_factory=list)
     demos: dict[int, np.ndarray] = field(default_factory=dict)  # prompt_index -> demo ids (+eos)
+    demo_rewards: dict[int, float] = field(default_factory=dict)  # prompt_index -> reward of that demo
+    demos_below_one: int = 0  # how many demonstrations score < 1 (wrong or unscorable teacher traces)
 
 
 def arithmetic_config(cfg: RunConfig) -> ArithmeticConfig:
@@ -81,7 +90,22 @@ def tokenize_demos(records: list[Record], train: list[Record], tokenizer, source
     return demos
 
 
-def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool) -> RunData:
+def score_demos(demos: dict[int, np.ndarray], train: list[Record], tokenizer,
+                reward_fn: Callable[[str, str], float]) -> dict[int, float]:
+    """Reward of each demonstration, keyed like `demos` (prompt_index -> ids): `reward_fn(text,
+    ground truth)` with text = the ids decoded with special tokens skipped (the eos drops out) and the
+    ground truth of training prompt `train[prompt_index]` -- what `actors.generate.GroupSampler` does
+    with a generated row of that prompt."""
+    keys = list(demos)
+    texts = tokenizer.batch_decode([demos[i].tolist() for i in keys], skip_special_tokens=True)
+    return {i: float(reward_fn(t, train[i].ground_truth)) for i, t in zip(keys, texts)}
+
+
+def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
+                  reward_fn: Callable[[str, str], float] | None = None, log: Callable[[str], None] = print,
+                  ) -> RunData:
+    """Prompts and (if `need_demos`) demonstrations with their rewards. reward_fn: the run's reward
+    (default `actors.generate.default_reward_fn()`); log: where the one-line demonstration summary goes."""
     train_recs, eval_recs = load_prompt_records(cfg)
     train, skipped = items_from_records(train_recs, tokenizer, cfg.data.max_prompt_tokens)
     held_out, _ = items_from_records(eval_recs, tokenizer, cfg.data.max_prompt_tokens)
@@ -93,6 +117,14 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool) ->
         if source is None:
             raise DataError("this algorithm needs demonstrations: pass --demos FILE")
         data.demos = tokenize_demos(load_records(source, require_target=True), train_recs, tokenizer, source)
+        if reward_fn is None:
+            from actors.generate import default_reward_fn
+
+            reward_fn = default_reward_fn()
+        data.demo_rewards = score_demos(data.demos, train_recs, tokenizer, reward_fn)
+        data.demos_below_one = sum(r < 1.0 for r in data.demo_rewards.values())
+        log(f"[data] {data.demos_below_one} of {len(data.demos)} demonstrations from {source} score < 1 with the "
+            "run's reward; their rows are trained with that score")
         with_demo = {i for i in data.demos}
         data.train = [it for it in train if it.prompt_index in with_demo]
         if not data.train:

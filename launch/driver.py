@@ -65,7 +65,7 @@ class Driver:
         self.client_address = buffer_address
         self.client = BufferClient(buffer_address, "driver", timeout_s=60.0)
         if data.demos:
-            self.client.add_demos({int(k): v for k, v in data.demos.items()})
+            self.client.add_demos({int(k): v for k, v in data.demos.items()}, rewards=data.demo_rewards)
         self.ledger = PromptLedger()
         spec = algos.get(cfg.algo)
         self.demos = DemoBatches(data, cfg.learner.batch_prompts, cfg.seed) if spec.trains_on_demonstrations_only \

@@ -2,11 +2,10 @@
 
 Public API (everything else is an implementation module):
   Learner(cfg, rank, world_size, model_dir)     one data-parallel rank (learner.learner)
-    .step(groups, version) -> metrics            every rank, same groups
+    .step(groups, version) -> metrics            every rank, same groups (mini_batches × epochs optimiser steps)
     .named_full_weights()                        (HF name, full tensor) for the weight-sync sender;
                                                  every rank iterates it (collective)
     .save(path, extra_state) / .load(path)       atomic HF-format checkpoints + exact-resume state
-    .maybe_save(checkpoints_dir, extra_state)    save every cfg.learner.save_every steps
   LearnerGroup(cfg, world_size, model_dir)       N ranks as local processes (learner.launch)
   spawn_ranks(fn, world_size, *args)             run fn(rank, world_size, *args) on N processes
   latest_checkpoint(checkpoints_dir)             newest complete step_<N> directory

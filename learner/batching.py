@@ -38,6 +38,7 @@ class Row:
     versions: np.ndarray  # int64 [T]
     prefix: np.ndarray  # bool [T]
     reward: float
+    truncated: bool = False  # the sample hit the generation limit before an eos (DAPO overlong handling)
 
     @property
     def seq_len(self) -> int:
@@ -80,7 +81,8 @@ def rows_from_groups(groups: list[Group], vocab_size: int | None = None) -> list
                 index=len(rows), group=g, prompt=prompt, response=tokens,
                 behav=np.asarray(s.logprobs, dtype=np.float32).reshape(-1),
                 versions=np.asarray(s.versions, dtype=np.int64).reshape(-1),
-                prefix=np.asarray(s.prefix_mask, dtype=bool).reshape(-1), reward=float(s.reward)))
+                prefix=np.asarray(s.prefix_mask, dtype=bool).reshape(-1), reward=float(s.reward),
+                truncated=bool(s.truncated)))
     return rows
 
 
@@ -97,13 +99,34 @@ def group_rows(rows: list[Row]) -> list[list[int]]:
     return [out[g] for g in sorted(out)]
 
 
-def shard_groups(rows: list[Row], world_size: int) -> list[list[int]]:
-    """Global row indices trained by each rank: whole groups, greedily balanced by token count.
+def split_minibatches(rows: list[Row], count: int) -> list[list[int]]:
+    """The step's global row indices cut into `count` mini-batches of whole groups, in group order.
 
-    Groups are taken longest first and each goes to the rank with the fewest tokens so far (ties: the
-    lowest rank); each rank's rows are then listed in global order.
+    G groups make mini-batches of ⌈G/count⌉ or ⌊G/count⌋ consecutive groups (the larger ones first),
+    e.g. 10 groups in 4 mini-batches: 3, 3, 2, 2. The same cut every epoch (no shuffling). Raises when
+    there are fewer groups than mini-batches (an empty mini-batch would be an optimiser step on nothing).
     """
     groups = group_rows(rows)
+    if count > len(groups):
+        raise ValueError(f"learner.mini_batches={count} needs at least {count} groups per step, got "
+                         f"{len(groups)} — lower learner.mini_batches or raise learner.batch_prompts")
+    size, extra = divmod(len(groups), count)
+    out, start = [], 0
+    for k in range(count):
+        stop = start + size + (k < extra)
+        out.append([i for g in groups[start:stop] for i in g])
+        start = stop
+    return out
+
+
+def shard_groups(rows: list[Row], world_size: int, indices: list[int] | None = None) -> list[list[int]]:
+    """Global row indices trained by each rank: whole groups, greedily balanced by token count.
+
+    Only the rows `indices` are sharded (default: all; they must hold whole groups). Groups are taken
+    longest first and each goes to the rank with the fewest tokens so far (ties: the lowest rank); each
+    rank's rows are then listed in global order.
+    """
+    groups = group_rows(rows if indices is None else [rows[i] for i in indices])
     cost = [sum(rows[i].num_tokens for i in g) for g in groups]
     order = sorted(range(len(groups)), key=lambda g: (-cost[g], g))
     load = [0] * world_size
@@ -248,6 +271,7 @@ def global_step_batch(rows: list[Row], device: torch.device, step: int) -> StepB
         old_logprobs=torch.zeros(len(rows), width, device=device),
         behav_logprobs=pad_rows(rows, idx, "behav", width, torch.float32, device) * mask,
         step=step,
+        truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool, device=device),
     )
 
 

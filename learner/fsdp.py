@@ -68,10 +68,14 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.device, dtype: str, trainable: bool, temperature: float,
-                 chunk_tokens: int, activation_checkpointing: bool = False, shard: bool = True) -> TokenScorer:
+def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.device, dtype: str, trainable: bool,
+                 chunk_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 activation_checkpointing: bool = False, shard: bool = True) -> TokenScorer:
     """A `TokenScorer` over the HF model in `model_dir`, FSDP2-sharded over `mesh` when `shard`.
 
+    temperature, top_p, top_k: the sampling distribution its log-probs are taken under (vLLM's
+    processed log-probs: temperature, then top-k, then top-p; `learner.logprobs`); the defaults are the
+    plain model distribution (top_k 0 or -1 = off, top_p 1 = off).
     trainable: fp32 parameters (+ bf16 compute when dtype='bfloat16': FSDP's MixedPrecisionPolicy, or
     autocast for an unsharded model), train mode; else frozen parameters in `dtype`, no gradients.
     shard=False (the learner's default for a world of one rank) keeps a plain module on the mesh's
@@ -84,7 +88,7 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     if activation_checkpointing and trainable:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mixed = trainable and compute != torch.float32
-    scorer = TokenScorer(lm, temperature=temperature, chunk_tokens=chunk_tokens,
+    scorer = TokenScorer(lm, temperature=temperature, top_p=top_p, top_k=top_k, chunk_tokens=chunk_tokens,
                          autocast_dtype=compute if mixed and not shard else None)
     if shard:
         kwargs: dict = {"mesh": mesh}

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import algos
+from algos.registry import PROX
 from buffer.records import Group
 from learner import batching, checkpoint
 from learner.distributed import all_reduce_extremes, default_device, gather_rows, init_distributed
@@ -59,7 +60,9 @@ class Learner:
         torch.manual_seed(cfg.learner.seed)
         self.mesh = make_mesh(self.device, self.world_size)
         self.compute_dtype = DTYPES[cfg.model.dtype]
-        self.temperature = 1.0 if self.spec.trains_on_demonstrations_only else float(cfg.rollout.temperature)
+        r = cfg.rollout  # the actors' sampling distribution (SFT-only specs: the plain model distribution)
+        self.sampling = dict(temperature=1.0, top_p=1.0, top_k=0) if self.spec.trains_on_demonstrations_only else \
+            dict(temperature=float(r.temperature), top_p=float(r.top_p), top_k=int(r.top_k))
         self.micro_batch_tokens = micro_batch_tokens
         self.fsdp = self.world_size > 1 if fsdp is None else bool(fsdp)
         if not self.fsdp and self.world_size > 1:
@@ -77,17 +80,25 @@ class Learner:
         self.opt = make_adamw(self.params, lc.lr, lc.betas, lc.weight_decay)
         self._reference = None
         self._ref_cache: tuple[ProviderContext, torch.Tensor] | None = None
-        self.providers = build_providers(self.spec.requires(cfg), self)
+        needs = self.spec.requires(cfg)
+        self.providers = build_providers(needs - {PROX}, self)
+        # π_prox is one more forward of the whole batch. The objective reads it only after an earlier
+        # optimiser step of the same batch (r = π_θ/π_prox ≠ 1) or before the update (a spec requiring
+        # PROX); otherwise it equals the detached log-probs of the training forward itself.
+        updates = lc.mini_batches * lc.epochs
+        self.prox_before_update = updates > 1 or PROX in needs
+        self.total_optimizer_steps = lc.steps * updates  # the LR schedule's horizon
         self.step_count = 0  # optimiser steps taken (skipped ones included): the LR schedule's clock
         self.skipped_steps = 0
         self.version = 0  # weight version after the last step (version passed to step() + 1)
 
     # ------------------------------------------------------------------ models
     def build_model(self, *, trainable: bool, activation_checkpointing: bool = False):
-        """A sharded `TokenScorer` initialised from the run's model directory."""
+        """A sharded `TokenScorer` initialised from the run's model directory, scoring under `self.sampling`
+        (temperature, then top-k, then top-p, as vLLM's processed log-probs; `learner.logprobs`)."""
         lc = self.cfg.learner
         return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.cfg.model.dtype,
-                            trainable=trainable, temperature=self.temperature, chunk_tokens=lc.logprob_chunk_tokens,
+                            trainable=trainable, **self.sampling, chunk_tokens=lc.logprob_chunk_tokens,
                             activation_checkpointing=activation_checkpointing, shard=self.fsdp)
 
     def reference(self):
@@ -105,56 +116,74 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
     def step(self, groups: list[Group], version: int) -> dict[str, float]:
-        """One optimiser step on the global batch `groups` (identical on every rank); returns metrics.
+        """One learner step on the global batch `groups` (identical on every rank); returns metrics.
 
-        version: the learner's weight version at this step (the weights that compute π_prox); staleness
-        is measured against it and the weights become version + 1 (`self.version`). The metric "step"
-        counts optimiser steps taken so far, this one included (StepBatch.step is the 0-based index).
+        The batch is cut into `learner.mini_batches` mini-batches of whole groups and each is trained
+        `learner.epochs` times: mini_batches × epochs optimiser steps, all against the π_prox and
+        advantages computed once, before the first of them. version: the learner's weight version at
+        this step (the weights that compute π_prox); staleness is measured against it and the weights
+        become version + 1 (`self.version`): a version is a learner step (one weight push), however
+        many optimiser steps it takes. Metrics of the optimiser steps are averaged over them; "optim/steps"
+        counts optimiser steps taken so far (the LR schedule's clock).
         """
         t0 = time.perf_counter()
         cfg, spec = self.cfg, self.spec
-        rows, shards, mbs = self._layout(groups)
+        rows = batching.rows_from_groups(groups, self.vocab_size)
         batch = batching.global_step_batch(rows, self.device, self.step_count)
         metrics: dict[str, float] = {}
-        self._model_inputs(batch, rows, shards, mbs, metrics)
+        if not self.prox_before_update:
+            batch.old_logprobs = None  # filled per micro-batch from the training forward (train_step)
+        if self.prox_before_update or self.providers:
+            self._model_inputs(batch, rows, metrics)
         with torch.no_grad():
             if spec.advantage is not None:
                 adv, adv_metrics = spec.advantage(batch, cfg)
                 metrics |= {k: float(v) for k, v in adv_metrics.items()}
             else:
                 adv = torch.zeros_like(batch.response_mask)
-        norm = global_norm(batch, mbs, cfg.rollout.max_response_tokens)
-        lr = lr_at(self.step_count, peak=cfg.learner.lr, warmup=cfg.learner.warmup_steps,
-                   total=cfg.learner.steps, schedule=cfg.learner.lr_schedule)
-        set_lr(self.opt, lr)
         t_train = time.perf_counter()
-        metrics |= train_microbatches(self.policy, spec, cfg, batch, adv, mbs, norm, self.world_size)
-        gnorm, stepped = optimizer_step(self.opt, self.params,
-                                        max_norm=cfg.learner.grad_clip if spec.clip_grad else None,
-                                        skip_nonfinite=spec.skip_nonfinite_grad,
-                                        what=f"{spec.name} step {self.step_count}")
+        updates = [self._update(batch, adv, rows, idx) for _ in range(cfg.learner.epochs)
+                   for idx in batching.split_minibatches(rows, cfg.learner.mini_batches)]
+        metrics |= {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
         metrics["time/update_s"] = time.perf_counter() - t_train
-        self.skipped_steps += int(not stepped)
-        self.step_count += 1
         self.version = int(version) + 1
         elapsed = time.perf_counter() - t0
         tokens = sum(r.num_tokens for r in rows)
         metrics |= batching.staleness_metrics(rows, int(version))
         metrics |= {
-            "step": float(self.step_count), "version": float(version), "optim/grad_norm": gnorm, "optim/lr": lr,
-            "optim/stepped": float(stepped), "optim/skipped_steps": float(self.skipped_steps),
+            "optim/steps": float(self.step_count), "version": float(version),
+            "optim/updates_per_step": float(len(updates)), "optim/skipped_steps": float(self.skipped_steps),
             "reward/mean": float(batch.rewards.mean()), "batch/groups": float(len(groups)),
             "batch/rows": float(len(rows)), "batch/tokens": float(tokens),
-            "batch/response_tokens": norm.num_tokens, "batch/microbatches_per_rank": float(len(mbs)),
             "time/train_s": elapsed, "throughput/tokens_per_s": tokens / elapsed,
             "throughput/samples_per_s": len(rows) / elapsed,
         }
         return metrics
 
-    def _layout(self, groups: list[Group]):
-        """(rows, per-rank row shards, this rank's micro-batches), identical plans checked across ranks."""
-        rows = batching.rows_from_groups(groups, self.vocab_size)
-        shards = batching.shard_groups(rows, self.world_size)
+    def _update(self, batch, adv: torch.Tensor, rows: list[batching.Row], indices: list[int]) -> dict[str, float]:
+        """One optimiser step on the mini-batch of global rows `indices` (whole groups), normalised by
+        that mini-batch's global counts; returns its metrics."""
+        cfg, spec = self.cfg, self.spec
+        shards, mbs = self._layout(rows, indices)
+        norm = global_norm(batch, mbs, cfg.rollout.max_response_tokens)
+        lr = lr_at(self.step_count, peak=cfg.learner.lr, warmup=cfg.learner.warmup_steps,
+                   total=self.total_optimizer_steps, schedule=cfg.learner.lr_schedule)
+        set_lr(self.opt, lr)
+        metrics = train_microbatches(self.policy, spec, cfg, batch, adv, mbs, norm, self.world_size,
+                                     prox_from_forward=not self.prox_before_update)
+        gnorm, stepped = optimizer_step(self.opt, self.params,
+                                        max_norm=cfg.learner.grad_clip if spec.clip_grad else None,
+                                        skip_nonfinite=spec.skip_nonfinite_grad,
+                                        what=f"{spec.name} optimiser step {self.step_count}")
+        self.skipped_steps += int(not stepped)
+        self.step_count += 1
+        return metrics | {"optim/grad_norm": gnorm, "optim/lr": lr, "optim/stepped": float(stepped),
+                          "batch/response_tokens": norm.num_tokens, "batch/microbatches_per_rank": float(len(mbs))}
+
+    def _layout(self, rows: list[batching.Row], indices: list[int]):
+        """(per-rank row shards, this rank's micro-batches) for the global rows `indices`; identical plans
+        are checked across ranks."""
+        shards = batching.shard_groups(rows, self.world_size, indices)
         whole = self.spec.whole_groups_per_microbatch
         plans = [batching.plan_microbatches(rows, s, self.cfg.learner.micro_batch_samples, whole_groups=whole,
                                             max_tokens=self.micro_batch_tokens) for s in shards]
@@ -165,11 +194,12 @@ class Learner:
             raise RuntimeError("learner ranks received different batches; every rank must get the same groups "
                                "in the same order")
         mbs = [batching.make_microbatch(rows, idx, self.pad_id, self.device) for idx in plans[self.rank]]
-        return rows, shards, mbs
+        return shards, mbs
 
-    def _model_inputs(self, batch, rows, shards, mbs, metrics: dict[str, float]) -> None:
-        """Fill π_prox and every provider output into `batch`, each computed for this rank's rows and
-        all-gathered into the global row order."""
+    def _model_inputs(self, batch, rows: list[batching.Row], metrics: dict[str, float]) -> None:
+        """Fill π_prox and every provider output into `batch`, each computed for this rank's rows (laid out
+        over the whole batch) and all-gathered into the global row order."""
+        shards, mbs = self._layout(rows, list(range(len(rows))))
         local = shards[self.rank]
         width = batch.response_mask.shape[1]
         lidx = torch.tensor(local, dtype=torch.long, device=self.device)
@@ -177,10 +207,11 @@ class Learner:
                               old_logprobs=torch.zeros(len(local), width, device=self.device),
                               response_mask=batch.response_mask[lidx], rewards=batch.rewards[lidx],
                               num_rows=len(rows), step=self.step_count)
-        t = time.perf_counter()
-        ctx.old_logprobs = run_scorer(self.policy, ctx) * ctx.response_mask
-        batch.old_logprobs = gather_rows(ctx.old_logprobs, shards, self.rank, len(rows))
-        metrics["time/logprob_s"] = time.perf_counter() - t
+        if self.prox_before_update:
+            t = time.perf_counter()
+            ctx.old_logprobs = run_scorer(self.policy, ctx) * ctx.response_mask
+            batch.old_logprobs = gather_rows(ctx.old_logprobs, shards, self.rank, len(rows))
+            metrics["time/logprob_s"] = time.perf_counter() - t
         t = time.perf_counter()
         try:
             for provider in self.providers.values():
@@ -201,13 +232,6 @@ class Learner:
         iterate it to the end (rank 0 hands the tensors to the sender, the others drain it)."""
         for name, t in named_full_tensors(self.policy):
             yield name, (t if dtype is None else t.to(dtype))
-
-    def maybe_save(self, checkpoints_dir: str | Path, extra_state: dict | None = None) -> Path | None:
-        """Save `checkpoints_dir/step_<N>` when cfg.learner.save_every divides the step count."""
-        every = self.cfg.learner.save_every
-        if every and self.step_count % every == 0:
-            return self.save(Path(checkpoints_dir) / f"step_{self.step_count}", extra_state)
-        return None
 
     def save(self, path: str | Path, extra_state: dict | None = None) -> Path:
         """Atomic checkpoint at `path` (see `learner.checkpoint`); every rank must call it."""

@@ -2,13 +2,22 @@
 
 π_φ is a causal LM initialised from the policy checkpoint, sharded like the policy, trained with its
 own AdamW (`prime.prm_lr`, betas (0.9, 0.999), no weight decay, constant LR, grad clip
-`prime.prm_grad_clip`) on the CE loss of `algos.prime_prm.prm_ce_loss`:
-  L = Σ_i BCE(σ(β Σ_t q_{i,t} M_{i,t}), v_i) / (rows of the whole step, all ranks),
-  q = log π_φ − log π_ref, π_ref = the frozen initial policy (`prime.ref = freeze`) or the batch's
-  π_prox (`prime.ref = policy`); v_i = the verifier reward clamped to [0, 1].
+`prime.prm_grad_clip`) on the loss `prime.prm_loss`, always reduced the same way:
+  L = Σ_i w_i·ℓ_i / (rows of the whole step, all ranks)
+whatever the micro-batch split and world size (each micro-batch adds its rows' sum divided by that
+global count), with q = log π_φ − log π_ref, π_ref = the frozen initial policy (`prime.ref = freeze`) or
+the batch's π_prox (`prime.ref = policy`), v_i = the verifier reward clamped to [0, 1]:
+  ce               ℓ_i = BCE(σ(β Σ_t q_{i,t} M_{i,t}), v_i), w_i = 1 (`algos.prime_prm.prm_ce_loss`).
+  dpo, bon_acc,    PRIME-verl's detached DPO (`algos.prime_prm.prm_detach_dpo_loss`, bon_mode none /
+  bon_rm           bon_acc / bon_rm): a no-grad forward of π_φ *before* the update gives every row's
+                   Q_bc = Σ_t q_t M_t; each row's group members' Q_bc and v (`group_members`; ranks hold
+                   whole groups) are the detached targets of the grad forward (PRIME-verl update=reverse;
+                   one extra forward). dpo is the reference's mean over rows; for bon_* the reference sums
+                   w_i·ℓ_i per micro-batch and divides by the micro-batches per mini-batch, which equals
+                   this reduction at its recipe's reward_model.micro_batch_size_per_gpu = 1.
 One PRM optimiser step per learner step (the step's batch is PRIME's mini-batch). Update order
 (`prime.update`, ALGORITHMS.md / REFERENCE_NOTES §2.4):
-  single  the q returned come from the same forward pass that produces the CE loss, i.e. from π_φ
+  single  the q returned come from the same forward pass that produces the PRM loss, i.e. from π_φ
           *before* this step's PRM update (PRIME-orig `after`);
   double  update first, then re-score with the updated π_φ (no grad) and return those q (verl `before`).
 A non-finite PRM gradient skips the PRM step (counted in prime/prm_skipped); it never stops training.
@@ -25,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from algos.prime_prm import prm_ce_loss
+from algos.prime_prm import DETACH_BON_MODES, PRM_LOSSES, group_members, prm_ce_loss, prm_detach_dpo_loss
 from learner.checkpoint import (
     TRAIN_STATE,
     load_hf_weights,
@@ -53,6 +62,8 @@ class ImplicitPRM(Provider):
             raise ValueError(f"unknown prime.update {pc.update!r}; choose one of {UPDATES}")
         if pc.ref not in REFS:
             raise ValueError(f"unknown prime.ref {pc.ref!r}; choose one of {REFS}")
+        if pc.prm_loss not in PRM_LOSSES:
+            raise ValueError(f"unknown prime.prm_loss {pc.prm_loss!r}; choose one of {PRM_LOSSES}")
         self.pc = pc
         self.world_size = learner.world_size
         self.rank = learner.rank
@@ -75,6 +86,7 @@ class ImplicitPRM(Provider):
         acc = ctx.rewards.float().clamp(0.0, 1.0)
         pos = {g: i for i, g in enumerate(ctx.local)}
         loss_sum = [0.0]
+        targets = None if pc.prm_loss == "ce" else self._detached_targets(ctx, ref, acc)
 
         def backward(mb, logp: torch.Tensor) -> None:
             if mb.dummy:
@@ -83,7 +95,13 @@ class ImplicitPRM(Provider):
             idx = torch.tensor([pos[g] for g in mb.rows], dtype=torch.long, device=logp.device)
             m = mask[idx, :mb.width]
             q = (logp - ref[idx, :mb.width]) * m
-            loss = prm_ce_loss(q, acc[idx], m, pc.beta, reduction="sum") / max(ctx.num_rows, 1)
+            if targets is None:
+                loss = prm_ce_loss(q, acc[idx], m, pc.beta, reduction="sum")
+            else:
+                q_bc, acc_bc, members = targets
+                loss = prm_detach_dpo_loss(q, acc[idx], m, q_bc[idx], acc_bc[idx], pc.beta,
+                                           DETACH_BON_MODES[pc.prm_loss], bc_mask=members[idx], reduction="sum")
+            loss = loss / max(ctx.num_rows, 1)
             (loss * self.world_size).backward()
             loss_sum[0] += float(loss.detach())
 
@@ -99,6 +117,17 @@ class ImplicitPRM(Provider):
                          "prime/prm_version": float(self.version), "prime/prm_skipped": float(self.skipped),
                          "prime/prm_lr": pc.prm_lr}
         return {"prime_q": (prm_logp - ref) * mask}
+
+    def _detached_targets(self, ctx: ProviderContext, ref: torch.Tensor,
+                          acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Q_bc, acc_bc, members) [b_local, n_max] of the detached DPO losses: a no-grad forward of π_φ
+        before its update, each row's sequence sum Σ_t q_t M_t, broadcast over its group's members."""
+        before = run_scorer(self.model, ctx)
+        seq = ((before - ref) * ctx.response_mask).sum(-1)
+        gid = torch.tensor([ctx.rows[g].group for g in ctx.local], dtype=torch.long, device=seq.device)
+        q_bc, members = group_members(seq, gid)
+        acc_bc, _ = group_members(acc.to(seq.device), gid)
+        return q_bc, acc_bc, members
 
     def metrics(self) -> dict[str, float]:
         return dict(self._metrics)

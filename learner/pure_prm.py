@@ -1,7 +1,9 @@
 """PURE's process reward: one PRM interface, two implementations, and the "process_rewards" provider.
 
-Interface (ALGORITHMS.md "PURE"): `score_steps(prompt, response, step_spans) -> list[float]`, one
-p_k ∈ [−1, 1] per step; `step_spans` are (start, end) character spans into `response`.
+Interface (ALGORITHMS.md "PURE"): `score_steps(prompt, response, step_spans) -> list[float | None]`,
+one p_k ∈ [−1, 1] per step, or None for a step the PRM ignores (empty, whitespace only): it gets no
+step end (its tokens join the next step; an ignored last step joins the one before, whose end moves to
+the final token, which always ends a step); `step_spans` are (start, end) character spans into `response`.
   - `RuleStepChecker`: the synthetic task's exact step checker (`tasks.step_checker`), so PURE is
     meaningful on a laptop.
   - `HFTokenClassificationPRM`: an `AutoModelForTokenClassification` with 2 labels scored PURE-style
@@ -33,14 +35,14 @@ if TYPE_CHECKING:
 
 
 class ProcessRewardModel(Protocol):
-    def score_steps(self, prompt: str, response: str, step_spans: Sequence[tuple[int, int]]) -> list[float]:
+    def score_steps(self, prompt: str, response: str, step_spans: Sequence[tuple[int, int]]) -> list[float | None]:
         ...
 
 
 class RuleStepChecker:
     """The rule-based checker of `tasks.step_checker` (prompts must hold 'What is <a><op><b>?')."""
 
-    def score_steps(self, prompt: str, response: str, step_spans: Sequence[tuple[int, int]]) -> list[float]:
+    def score_steps(self, prompt: str, response: str, step_spans: Sequence[tuple[int, int]]) -> list[float | None]:
         from tasks.step_checker import score_steps
 
         return score_steps(prompt, response, step_spans)
@@ -130,13 +132,22 @@ def score_response(prm: ProcessRewardModel, tokenizer, prompt_ids: Sequence[int]
     char_spans = [(offsets[a], offsets[b]) for a, b in spans]
     prompt = tokenizer.decode([int(i) for i in prompt_ids], skip_special_tokens=False,
                               clean_up_tokenization_spaces=False)
-    scores = [float(s) for s in prm.score_steps(prompt, "".join(texts), char_spans)]
-    if len(scores) != len(spans):
-        raise ValueError(f"the PRM returned {len(scores)} scores for {len(spans)} steps")
-    bad = [s for s in scores if not (math.isfinite(s) and -1.0 <= s <= 1.0)]
+    raw = prm.score_steps(prompt, "".join(texts), char_spans)
+    if len(raw) != len(spans):
+        raise ValueError(f"the PRM returned {len(raw)} scores for {len(spans)} steps")
+    kept = [(b - 1, float(s)) for (_, b), s in zip(spans, raw) if s is not None]
+    bad = [s for _, s in kept if not (math.isfinite(s) and -1.0 <= s <= 1.0)]
     if bad:
         raise ValueError(f"PRM step scores must be finite and in [-1, 1], got {bad[:3]}")
-    return [b - 1 for _, b in spans], scores
+    if not spans:
+        return [], []
+    final = spans[-1][1] - 1
+    if not kept:  # nothing but whitespace: one step without a claim
+        return [final], [0.0]
+    # The final token always ends a step (algos.pure.check_step_ends): an ignored (empty) last step
+    # folds into the step before it, whose end moves to the final token.
+    kept[-1] = (final, kept[-1][1])
+    return [p for p, _ in kept], [s for _, s in kept]
 
 
 @register_provider("process_rewards")

@@ -68,8 +68,12 @@ def _union_over_ranks(keys: set[str]) -> set[str]:
 
 
 def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: StepBatch, advantages: torch.Tensor,
-                       microbatches: list[MicroBatch], norm: LossNorm, world_size: int) -> dict[str, float]:
+                       microbatches: list[MicroBatch], norm: LossNorm, world_size: int, *,
+                       prox_from_forward: bool = False) -> dict[str, float]:
     """Forward/backward every micro-batch (gradients accumulate); returns metrics reduced over ranks.
+
+    `prox_from_forward`: the step is a single optimiser step and π_prox was not computed; each
+    micro-batch's π_prox is its own forward's detached log-probs (the same numbers, one forward less).
 
     loss/<component> and loss/total are sums over micro-batches and ranks (each part is already
     divided by the global counts, so the sum is the step's loss). A component metric equal to its
@@ -92,7 +96,10 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
             continue
         idx = torch.tensor(mb.rows, dtype=torch.long, device=device)
         sub = narrow(batch.rows(idx), mb.width)
-        ctx = LossContext(logprobs=mb.scatter(logp), entropy=mb.scatter(ent) if ent is not None else None,
+        logprobs = mb.scatter(logp)
+        if prox_from_forward:
+            sub = replace(sub, old_logprobs=logprobs.detach() * sub.response_mask)
+        ctx = LossContext(logprobs=logprobs, entropy=mb.scatter(ent) if ent is not None else None,
                           batch=sub, advantages=advantages[idx, :mb.width], norm=norm)
         total = torch.zeros((), device=device)
         weight = float(sub.response_mask.sum())

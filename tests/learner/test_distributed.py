@@ -12,18 +12,20 @@ pytestmark = pytest.mark.slow
 
 def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, tokenizer, tmp_path):
     """PRIME (policy, frozen reference, trainable PRM — every model sharded over both ranks),
-    aggregation seq-mean-token-mean, 16 rows: 1 rank × 4 micro-batches (plain module) vs 2 ranks × 2
-    micro-batches (FSDP2). Step 2's advantages depend on the PRM update of step 1, so both models must
-    agree. The 2-rank checkpoint loads back into the sharded ranks and into the single rank."""
-    cfg = make_cfg("prime", learner={"micro_batch_samples": 4, "batch_prompts": 4},
+    aggregation seq-mean-token-mean, 16 rows in 2 mini-batches of 2 groups (two optimiser steps per
+    learner step, each normalised by its own mini-batch's global counts): 1 rank × 2 micro-batches per
+    mini-batch (plain module) vs 2 ranks × 1 (FSDP2). Step 2's advantages depend on the PRM update of
+    step 1, so both models must agree. The 2-rank checkpoint loads back into the sharded ranks and into
+    the single rank."""
+    cfg = make_cfg("prime", learner={"micro_batch_samples": 4, "batch_prompts": 4, "mini_batches": 2},
                    loss={"agg": "seq-mean-token-mean"}, prime={"prm_lr": 1e-3})
     data = [make_groups(tokenizer, 4, 4, version=s, seed=s) for s in range(2)]
     with LearnerGroup(cfg, 2, str(tiny_dir), timeout_s=300) as group:
         two = [group.step(data[s], version=s) for s in range(2)]
         w_two = group.call(full_weights)
         ckpt = group.save(tmp_path / "step_2", {"cursor": 8})
-        idle = group.step(data[0][:1], version=2)  # one group: rank 1 runs dummy micro-batches only
-        assert idle["batch/rows"] == 4 and all(np.isfinite(v) for v in idle.values())
+        idle = group.step(data[0][:2], version=2)  # one group per mini-batch: rank 1 runs dummies only
+        assert idle["batch/rows"] == 8 and all(np.isfinite(v) for v in idle.values())
         assert group.load(ckpt) == {"cursor": 8}  # then load the sharded state back
         w_loaded = group.call(full_weights)
         after_two = group.step(data[0], version=2)  # continues from the loaded weights, moments, PRM
@@ -36,7 +38,9 @@ def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, t
     one = [one_learner.step(data[s], version=s) for s in range(2)]
     w_one = full_weights(one_learner)
 
-    assert [m["batch/microbatches_per_rank"] for m in one + two] == [4, 4, 2, 2]
+    assert [m["batch/microbatches_per_rank"] for m in one + two] == [2, 2, 1, 1]
+    assert [m["optim/steps"] for m in one + two] == [2, 4, 2, 4]
+    assert two[1]["pg/clipfrac"] >= 0 and two[1]["pg/ppo_kl"] != 0  # the second mini-batch saw π_θ ≠ π_prox
     for m1, m2 in zip(one, two):
         for k in ("loss/total", "loss/pg", "optim/grad_norm", "prime/prm_loss", "prime/prm_grad_norm", "prime/q_mean",
                   "prime/dpo_acc", "batch/response_tokens"):
@@ -51,7 +55,7 @@ def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, t
 
     resumed = Learner(cfg, 0, 1, tiny_dir)  # saved by 2 ranks, loaded by 1
     assert resumed.load(ckpt) == {"cursor": 8}
-    assert resumed.providers["prime_q"].version == 2 and resumed.step_count == 2
+    assert resumed.providers["prime_q"].version == 2 and resumed.step_count == 4
     for k, v in full_weights(resumed).items():
         np.testing.assert_array_equal(v, w_two[0][k], err_msg=k)
     after_one = resumed.step(data[0], version=2)

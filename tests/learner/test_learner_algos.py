@@ -16,7 +16,7 @@ ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft"]
 # (algo, config overrides): every algorithm with defaults, plus the PRIME reference/update variant
 CASES = [(a, {}) for a in ALGOS] + [("prime", {"prime": {"ref": "policy", "update": "double"}})]
 COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/train_s", "throughput/tokens_per_s", "staleness/mean",
-               "staleness/max", "step", "version", "reward/mean"}
+               "staleness/max", "optim/steps", "version", "reward/mean"}
 ALGO_KEYS = {"prime": {"prime/prm_version", "prime/prm_loss", "prime/q_mean"},
              "pure": {"pure/min_step_score", "pure/num_steps"}, "luffy": {"luffy/offpolicy_frac"},
              "pacs": {"pacs/bce"}, "sft": {"loss/nll"}, "grpo": {"pg/clipfrac", "is/ess"}}
@@ -129,7 +129,7 @@ def test_nonfinite_gradient_skips_pacs_and_stops_grpo(tiny_dir, tokenizer, monke
     assert all(np.array_equal(w0[k], v) for k, v in full_weights(pacs).items())
     monkeypatch.setattr(algos.policy_gradient, "ppo_clip_loss", _poison(algos.policy_gradient.ppo_clip_loss))
     grpo = Learner(make_cfg("grpo"), 0, 1, tiny_dir)
-    with pytest.raises(FloatingPointError, match="grpo step 0: non-finite gradient norm"):
+    with pytest.raises(FloatingPointError, match="grpo optimiser step 0: non-finite gradient norm"):
         grpo.step(groups, 0)
     assert all(np.array_equal(w0[k], v) for k, v in full_weights(grpo).items())
 

@@ -39,6 +39,21 @@ def test_rule_checker_step_ends_and_scores(tokenizer, text, scores):
     assert got == scores
 
 
+def test_empty_steps_get_no_step_end_and_prose_shifts_nothing(tokenizer):
+    """A response ending in "\n\n" + eos: its empty last step is ignored and the step before it ends at
+    the final token (no 0-scored step to take the min-form weight); a prose step first keeps the
+    following correct steps at +1 (content, not position, decides)."""
+    prompt = tokenizer("What is 12+7?", add_special_tokens=False)["input_ids"]
+    text = "Let me add.\n\n" + SOLUTION + "\n\n"
+    ends, got = score_response(RuleStepChecker(), tokenizer, prompt, _ids(tokenizer, text))
+    # Character tokenizer: "Let me add.\n\n" (13) is tokens 0..12, "2+7+0=9, 9\n\n" (12) 13..24,
+    # "1+0+0=1, 19\n\n" (13) 25..37, "\\boxed{19}\n\n" (12) 38..49, and the eos, 50, is an empty step:
+    # ignored, so the boxed step ends at 50 instead of 49.
+    n = len(text) + 1
+    assert ends == [12, 24, 37, n - 1] and got == [0.0, 1.0, 1.0, 1.0]
+    assert score_response(RuleStepChecker(), tokenizer, prompt, _ids(tokenizer, "\n\n")) == ([2], [0.0])
+
+
 @pytest.fixture(scope="module")
 def hf_prm_dir(tiny_dir, tokenizer, tmp_path_factory):
     cfg = LlamaConfig.from_pretrained(tiny_dir)
