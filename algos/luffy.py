@@ -10,7 +10,9 @@ Pieces (ALGORITHMS.md "LUFFY", REFERENCE_NOTES §4):
 Spec "luffy" reads `cfg.luffy` (estimator, use_std, alpha, beta, the reshape/clip options,
 use_target_probs, and optionally filter_extreme_groups, default True) and `cfg.loss` (agg, clip_low,
 clip_high, dual_clip, is_correction, is_cap, is_mask_low, is_mask_high, entropy_coef, kl_coef,
-kl_estimator). With `use_target_probs` the learner must provide extras["target_probs"] [B, T].
+kl_estimator, and the DAPO options overlong_filter / overlong_cache_tokens / overlong_penalty_factor of
+`algos.overlong`; ratio_level must be "token"). With `use_target_probs` the learner must provide
+extras["target_probs"] [B, T].
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from algos import baselines
 from algos.aggregation import LossNorm, aggregate
 from algos.importance import importance_correction
 from algos.luffy_loss import luffy_token_loss
+from algos.overlong import loss_mask, shaped_rewards
 from algos.policy_gradient import ENTROPY, KL, kl_requirements
 from algos.registry import AlgoSpec, LossComponent, LossContext, LossTerm, StepBatch, register
 
@@ -134,9 +137,11 @@ def _luffy_options(cfg: Any) -> dict[str, Any]:
 
 def _luffy_adv(batch: StepBatch, cfg: Any):
     lc = cfg.luffy
-    return luffy_advantage(batch.rewards, batch.group_index, batch.prefix_mask, batch.response_mask,
-                           estimator=lc.estimator, use_std=lc.use_std, alpha=lc.alpha, beta=lc.beta,
-                           filter_extreme=lc.filter_extreme_groups)
+    rewards, overlong_metrics = shaped_rewards(batch, cfg)
+    adv, metrics = luffy_advantage(rewards, batch.group_index, batch.prefix_mask, batch.response_mask,
+                                   estimator=lc.estimator, use_std=lc.use_std, alpha=lc.alpha, beta=lc.beta,
+                                   filter_extreme=lc.filter_extreme_groups)
+    return adv, metrics | overlong_metrics
 
 
 def mixed_policy_loss(ctx: LossContext, cfg: Any) -> LossTerm:
@@ -146,10 +151,17 @@ def mixed_policy_loss(ctx: LossContext, cfg: Any) -> LossTerm:
     `importance_correction(π_prox, μ, on-policy mask, cfg.loss.is_correction, ...)`: the asynchronous
     behaviour-policy correction, applied on top of LUFFY's own loss and only to generated tokens
     (demonstration tokens have no μ). With is_correction="none" this is exactly the reference loss.
-    Aggregated with cfg.loss.agg over all response tokens under the global ctx.norm.
+    Aggregated with cfg.loss.agg over all response tokens (minus DAPO-filtered rows, `overlong.loss_mask`)
+    under the global ctx.norm. A micro-batch without demonstration tokens, or without generated ones,
+    gives a finite loss (every masked mean of an empty mask is 0; the reference's on_pg_loss is NaN there).
+    loss.ratio_level="sequence" (GSPO) is a ValueError: LUFFY's reshaped on-policy ratio is per token.
     """
     b, lo = ctx.batch, cfg.loss
-    on = b.on_policy_mask
+    if lo.ratio_level != "token":
+        raise ValueError(f"loss.ratio_level={lo.ratio_level!r} is not supported by luffy's mixed loss (its on-policy "
+                         "ratio is reshaped per token) — set loss.ratio_level=token")
+    response = loss_mask(b, b.response_mask, cfg)
+    on = response * (~b.prefix_mask).to(response.dtype)
     isc = importance_correction(b.old_logprobs, b.behav_logprobs, on, lo.is_correction,
                                 lo.is_cap, lo.is_mask_low, lo.is_mask_high)
     target_probs = None
@@ -157,7 +169,7 @@ def mixed_policy_loss(ctx: LossContext, cfg: Any) -> LossTerm:
         if "target_probs" not in b.extras:
             raise ValueError("luffy.use_target_probs needs extras['target_probs'], but the learner provided none")
         target_probs = b.extras["target_probs"]
-    loss, metrics = luffy_policy_loss(ctx.logprobs, b.old_logprobs, ctx.advantages, b.response_mask,
+    loss, metrics = luffy_policy_loss(ctx.logprobs, b.old_logprobs, ctx.advantages, response,
                                       b.prefix_mask, lo.agg, ctx.norm, target_probs=target_probs,
                                       on_policy_weight=isc.weight * isc.keep, **_luffy_options(cfg))
     return LossTerm(loss, {f"luffy/{k}": v for k, v in metrics.items()} | isc.metrics)
@@ -170,6 +182,19 @@ def _requires(cfg: Any) -> frozenset[str]:
 
 MIXED_PG = LossComponent("luffy_pg", mixed_policy_loss)
 
+
+def luffy_problems(cfg: Any):
+    """LUFFY's configuration rules (RunConfig.problems)."""
+    lc, n = cfg.luffy, cfg.rollout.n
+    if lc.n_prefix >= n and lc.estimator == "grpo_split":
+        yield (f"luffy.n_prefix: {lc.n_prefix} guided rows leave no on-policy row in groups of rollout.n={n}, "
+               f"so grpo_split has no baseline — set luffy.n_prefix < {n}")
+    if lc.min_prefix_ratio > lc.max_prefix_ratio:
+        yield "luffy.min_prefix_ratio: greater than luffy.max_prefix_ratio — swap them"
+    if cfg.loss.ratio_level != "token":
+        yield (f"loss.ratio_level: {cfg.loss.ratio_level} (GSPO) is not supported by luffy's mixed loss, whose "
+               "on-policy ratio is reshaped per token — set loss.ratio_level=token")
+
 SPEC = register(AlgoSpec(
     name="luffy",
     summary="LUFFY: off-policy demonstration prefixes, grpo_split advantage, mixed on/off-policy loss with "
@@ -178,4 +203,5 @@ SPEC = register(AlgoSpec(
     losses=(MIXED_PG, ENTROPY, KL),
     requires=_requires,
     needs_demonstrations=True,
+    validate=luffy_problems,
 ))

@@ -9,7 +9,19 @@ Shapes: every tensor [B, T]. `response_mask` M is 1 on response tokens (demonstr
   off-policy tokens (M·P):  ℓ_off = −A·f(p) from `off_policy_reshape` (the teacher's probability is
                             taken as 1), optionally clamped to [off_min_clip, off_max_clip];
                             with target probabilities q: f = p/(q + 1e-6).
-  all_max_clip c:           tokens with p > c are dropped (loss and mask 0).
+  all_max_clip c:           tokens with p > c are dropped (loss and mask 0), on- and off-policy alike.
+
+Clip scope. The only PPO clip is the on-policy one, and only `remove_clip` removes it (the reference's
+`loss_remove_clip`, which LUFFY's script sets). Demonstration tokens are never PPO-clipped: the
+reference's `off_policy_cliprange` / `use_off_policy_clip` / `off_abs_cliprange` are dead config. That
+is where the reference conflates the two: its one "remove clip" switch, meant for the unclipped
+policy-shaping objective on demonstrations, is the switch that drops the on-policy PPO clip
+(`compute_token_on_off_policy_loss`, and `compute_policy_loss` on the plain path). Here the off-policy
+options (off_policy_reshape and its weight/exponent, off_max_clip, off_min_clip, target_probs) only
+shape f on prefix tokens, and the per-token loss picks ℓ_off or ℓ_on with where(prefix) — no
+off-policy option reads or changes ℓ_on (a test varies each of them and compares ℓ_on). The
+reference's −1 "off" sentinel for off_max_clip / off_min_clip / all_max_clip is not one here (null is
+off; the config rejects all_max_clip ≤ 0, which would drop every token).
 
 Reshapes (w = reshape weight, e = pow exponent, γ any positive float):
   name          on-policy ρ_on(Δ)                       off-policy f(p)
@@ -148,6 +160,15 @@ def luffy_token_loss(
     reference), off_pg_clipfrac (always 0: no clip on demonstration tokens), off_policy_prob (mean p on
     prefix tokens), on_policy_prob (mean p_old on the others), off_ratio_mean, off_ratio_max_clip_frac,
     off_ratio_min_clip_frac (over prefix tokens, after clamping).
+
+    on_pg_clipfrac exactly (as the reference, so it matches its vectors): numerator = response tokens
+    (M, before all_max_clip) where −A·clip(ρ_on, 1 − ε_low, max(clip_upper_bound, 1 + ε_high)) > −A·ρ_on
+    strictly, ρ_on the on-policy (reshaped) ratio evaluated on *every* response token — demonstration
+    tokens included, where it is π_θ/π_old of the learner's own log-probs; denominator = Σ M over all
+    response tokens, demonstration tokens included. So it is not the clipped share of generated tokens:
+    on a batch that is mostly demonstration it is diluted (and demonstration tokens can count as
+    clipped although their loss ℓ_off has no clip). It ignores the dual clip and the IS weights, and is 0
+    with `remove_clip`. (`luffy/...` in the logs; the IS clip fraction is `is/clip_frac`.)
 
     Deviations from the reference:
       - ℓ_on is multiplied by `on_policy_weight` (IS correction; the reference has no behaviour policy).

@@ -217,6 +217,13 @@ def bce_loss(ctx: LossContext, cfg: Any) -> LossTerm:
 
 BCE = LossComponent("pacs_bce", bce_loss)
 
+
+def pacs_problems(cfg: Any):
+    """PACS' configuration rules (RunConfig.problems)."""
+    if cfg.loss.is_correction not in ROW_IS_MODES:
+        yield (f"loss.is_correction: {cfg.loss.is_correction!r} decouples a PPO clip and PACS has none — use "
+               f"one of {', '.join(ROW_IS_MODES)} (applied per row, see algos.pacs.row_importance_weight)")
+
 SPEC = register(AlgoSpec(
     name="pacs",
     summary="PACS: BCE between the group advantage of the implicit score β·Σ log π_θ/π_old and the outcome",
@@ -225,4 +232,5 @@ SPEC = register(AlgoSpec(
     whole_groups_per_microbatch=True,
     skip_nonfinite_grad=True,
     clip_grad=False,
+    validate=pacs_problems,
 ))

@@ -214,10 +214,18 @@ def prime_requirements(cfg: Any) -> frozenset[str]:
     return frozenset({"prime_q"} | prox) | kl_requirements(cfg)
 
 
+def prime_problems(cfg: Any):
+    """PRIME's configuration rules (RunConfig.problems)."""
+    if cfg.buffer.filter != "accuracy_window":
+        yield ("buffer.filter: PRIME trains on groups inside the accuracy window — set "
+               "buffer.filter=accuracy_window (bounds buffer.acc_lo/acc_hi)")
+
+
 register(AlgoSpec(
     name="prime",
     summary="PRIME: implicit PRM process rewards + RLOO on process and outcome rewards, PPO clip",
     advantage=_prime_adv,
     losses=STANDARD_LOSSES,
     requires=prime_requirements,
+    validate=prime_problems,
 ))

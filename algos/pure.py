@@ -359,10 +359,17 @@ def pure_requirements(cfg: Any) -> frozenset[str]:
     return frozenset({"process_rewards"}) | extra | kl_requirements(cfg)
 
 
+def pure_problems(cfg: Any):
+    """PURE's configuration rules (RunConfig.problems)."""
+    if cfg.pure.prm == "hf" and cfg.pure.prm_path is None:
+        yield "pure.prm_path: pure.prm=hf needs a token-classification PRM directory — set pure.prm_path"
+
+
 register(AlgoSpec(
     name="pure",
     summary="PURE: min-form credit assignment of PRM step scores + RLOO on the verifiable reward, PPO clip",
     advantage=_pure_adv,
     losses=STANDARD_LOSSES,
     requires=pure_requirements,
+    validate=pure_problems,
 ))

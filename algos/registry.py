@@ -6,8 +6,11 @@ The learner is algorithm-blind. For every optimiser step it
   2. calls `spec.advantage(batch, cfg)` once on the whole step (no grad),
   3. for each micro-batch, forms a `LossContext` and sums `weight(cfg) · component(ctx, cfg)` over
      `spec.losses`, skipping components whose weight is 0.
-Adding an algorithm is a new module that calls `register(AlgoSpec(...))`; nothing else in the code base
-branches on an algorithm name.
+Adding an algorithm is a new module that calls `register(AlgoSpec(...))` plus its line in `_load_builtin`:
+the `--algo` choices, the CLI help and the config's `algo` field come from this registry, the spec
+checks its own configuration rules (`validate`), and nothing else in the code base branches on an
+algorithm name. Options of its own need a section in configs/schema.py (pydantic, which `algos/` does
+not import) and a configs/<name>.yaml to start from.
 
 `cfg` is the run configuration (`configs.schema.RunConfig`, duck-typed here so `algos/` imports only
 torch); each spec documents the attributes it reads.
@@ -15,7 +18,7 @@ torch); each spec documents the attributes it reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -120,6 +123,9 @@ class AlgoSpec:
     needs_demonstrations: bool = False  # the run loads teacher/demonstration trajectories (LUFFY, SFT)
     skip_nonfinite_grad: bool = False  # PACS: a non-finite grad norm skips the step (counted)
     clip_grad: bool = True  # PACS never clips (reference behaviour, §5)
+    # The algorithm's own configuration rules: yields "dotted.key: what is wrong — how to fix" for cfg
+    # (RunConfig.problems adds them to the rules every algorithm shares, before anything starts).
+    validate: Callable[[Any], Iterable[str]] = lambda cfg: ()
 
 
 PROX = "old_logprobs"  # a `requires` name: the advantage or a provider reads π_prox before any update

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from configs.schema import ALGOS, RunConfig
+import algos
+from configs.schema import RunConfig
 
 
 class ConfigError(ValueError):
@@ -112,8 +113,8 @@ def _format(err: ValidationError) -> str:
 def resolve(algo: str | None = None, config_file: str | None = None, flags: dict[str, Any] | None = None,
             overrides: list[str] | None = None) -> RunConfig:
     """Build the validated RunConfig. `flags` maps dotted keys to values from dedicated CLI flags."""
-    if algo is not None and algo not in ALGOS:
-        raise ConfigError(f"--algo: unknown algorithm {algo!r}; choose one of {', '.join(ALGOS)}")
+    if algo is not None and algo not in algos.names():
+        raise ConfigError(f"--algo: unknown algorithm {algo!r}; choose one of {', '.join(algos.names())}")
     if config_file is None and algo is None:
         raise ConfigError("--algo: required (or pass --config FILE)")
     data = read_yaml(config_file if config_file else builtin_config_path(algo))

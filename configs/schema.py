@@ -5,9 +5,10 @@ Units used in descriptions: *prompts* (groups), *samples* (responses; a group of
 `learner.mini_batches × learner.epochs` *optimiser steps*), *versions* (= learner steps: a version is a push).
 "Global" means summed over all learner ranks; "per rank" means one data-parallel rank.
 
-Unknown keys are rejected (`extra="forbid"`), and cross-field rules (e.g. LUFFY needs demonstrations,
-PACS micro-batches must hold whole groups) are checked in `RunConfig` validators with the dotted key
-name and a one-line fix in the message.
+Unknown keys are rejected (`extra="forbid"`), and cross-field rules are checked by `RunConfig.problems`
+with the dotted key name and a one-line fix in the message: the rules every algorithm shares here
+(written against what its spec declares: demonstrations, whole-group micro-batches), each algorithm's
+own in its module (`AlgoSpec.validate`). `algo` is any name in the registry.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-ALGOS = ("grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft")
 
 
 class Section(BaseModel):
@@ -314,7 +313,7 @@ class LoggingConfig(Section):
 
 
 class RunConfig(Section):
-    algo: Literal[ALGOS] = "grpo"  # type: ignore[valid-type]
+    algo: str = Field("grpo", description="algorithm: a name registered in algos/registry.py (the --algo choices)")
     seed: int = 0
     serial: bool = Field(False, description="no Ray: learner and actors as objects in the driver process (debugging)")
     ray_address: str | None = Field(None, description="join this Ray cluster; null = start a local one")
@@ -333,6 +332,15 @@ class RunConfig(Section):
     pacs: PacsConfig = PacsConfig()
     logging: LoggingConfig = LoggingConfig()
 
+    @field_validator("algo")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        import algos
+
+        if name not in algos.names():
+            raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(algos.names())}")
+        return name
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:
         problems = list(self.problems())
@@ -341,34 +349,34 @@ class RunConfig(Section):
         return self
 
     def problems(self):
-        """Yield 'dotted.key: what is wrong — how to fix' for impossible combinations."""
+        """Yield 'dotted.key: what is wrong — how to fix' for impossible combinations: the rules that hold
+        for every algorithm (written against the spec's declared needs), then the algorithm's own
+        (`AlgoSpec.validate`, in its module)."""
+        import algos
+
+        spec = algos.get(self.algo)
         n = self.rollout.n
-        if self.algo in ("luffy", "sft") and self.data.demos is None and self.data.task == "file":
+        if spec.needs_demonstrations and self.data.demos is None and self.data.task == "file":
             yield (f"data.demos: {self.algo} needs demonstrations but none were given — "
                    "pass --demos FILE (parquet/JSONL with a `target` column)")
-        if self.algo == "luffy" and self.luffy.n_prefix >= n and self.luffy.estimator == "grpo_split":
-            yield (f"luffy.n_prefix: {self.luffy.n_prefix} guided rows leave no on-policy row in groups of "
-                   f"rollout.n={n}, so grpo_split has no baseline — set luffy.n_prefix < {n}")
-        if self.luffy.min_prefix_ratio > self.luffy.max_prefix_ratio:
-            yield "luffy.min_prefix_ratio: greater than luffy.max_prefix_ratio — swap them"
-        if self.algo == "pacs" and self.learner.micro_batch_samples % n:
-            yield (f"learner.micro_batch_samples: PACS needs whole groups per micro-batch but "
+        if spec.whole_groups_per_microbatch and self.learner.micro_batch_samples % n:
+            yield (f"learner.micro_batch_samples: {self.algo} needs whole groups per micro-batch but "
                    f"{self.learner.micro_batch_samples} is not a multiple of rollout.n={n} — use "
                    f"{max(n, self.learner.micro_batch_samples // n * n)}")
         if self.buffer.acc_lo > self.buffer.acc_hi:
             yield "buffer.acc_lo: greater than buffer.acc_hi — swap them"
-        if self.algo == "prime" and self.buffer.filter != "accuracy_window":
-            yield ("buffer.filter: PRIME trains on groups inside the accuracy window — set "
-                   "buffer.filter=accuracy_window (bounds buffer.acc_lo/acc_hi)")
         if self.model.path is None:
             t = self.model.tiny
             if t.hidden_size % t.num_heads or t.hidden_size // t.num_heads != 64:
                 yield (f"model.tiny.hidden_size: head_dim = {t.hidden_size}/{t.num_heads} must be 64 for vLLM's "
                        f"CPU attention — use hidden_size = 64 × num_heads = {64 * t.num_heads}")
-        if self.pure.prm == "hf" and self.pure.prm_path is None:
-            yield "pure.prm_path: pure.prm=hf needs a token-classification PRM directory — set pure.prm_path"
-        if self.data.task == "file" and self.data.path is None and self.algo != "sft":
+        if self.data.task == "file" and self.data.path is None and not spec.trains_on_demonstrations_only:
             yield "data.path: data.task=file needs a dataset — pass --data FILE or set data.task=arithmetic"
         if self.learner.batch_prompts * n < self.learner.world_size:
             yield (f"learner.batch_prompts: {self.learner.batch_prompts} prompts × {n} samples cannot feed "
                    f"{self.learner.world_size} ranks — raise learner.batch_prompts")
+        if self.learner.mini_batches > self.learner.batch_prompts:
+            yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
+                   f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "
+                   "learner.mini_batches or raise learner.batch_prompts")
+        yield from spec.validate(self)

@@ -13,29 +13,20 @@ from __future__ import annotations
 import argparse
 import sys
 
+import algos
 from configs.loading import ConfigError, dump_annotated, resolve
-from configs.schema import ALGOS, RunConfig
-
-ALGO_HELP = {
-    "grpo": "GRPO: group-normalised outcome reward, PPO clip (Shao et al. 2024)",
-    "rloo": "RLOO: leave-one-out outcome baseline (Ahmadian et al. 2024)",
-    "prime": "PRIME: online implicit process reward model + RLOO (Cui et al. 2025)",
-    "pure": "PURE: min-form credit assignment of process rewards (Cheng et al. 2025)",
-    "luffy": "LUFFY: off-policy guidance from teacher trajectories (Yan et al. 2025)",
-    "pacs": "PACS: RL as supervised BCE on an implicit score (Li et al. 2025)",
-    "sft": "SFT: token NLL on demonstrations (warm-up)",
-}
+from configs.schema import RunConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="algo-train",
         description="Asynchronous actor-learner RL for language models.",
-        epilog="algorithms:\n" + "\n".join(f"  {k:6s} {v}" for k, v in ALGO_HELP.items())
+        epilog="algorithms:\n" + "\n".join(f"  {n:6s} {algos.get(n).summary}" for n in algos.names())
         + "\n\nPlot runs: algo-train plot RUN_DIR [RUN_DIR ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--algo", choices=ALGOS, help="algorithm (default config: configs/<algo>.yaml)")
+    p.add_argument("--algo", choices=algos.names(), help="algorithm (default config: configs/<algo>.yaml)")
     p.add_argument("--config", metavar="FILE", help="YAML config to start from instead of configs/<algo>.yaml")
     p.add_argument("--actors", type=int, metavar="N", help="vLLM actor processes (rollout.num_actors)")
     p.add_argument("--model", metavar="PATH", help="local HF model directory (model.path)")
@@ -73,7 +64,7 @@ def flags_from_args(args: argparse.Namespace) -> dict:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, RunConfig]:
     args = build_parser().parse_args(argv)
     if args.algo is None and args.config is None:
-        raise ConfigError("--algo: required (choose one of " + ", ".join(ALGOS) + ") or pass --config FILE")
+        raise ConfigError("--algo: required (choose one of " + ", ".join(algos.names()) + ") or pass --config FILE")
     cfg = resolve(args.algo, args.config, flags_from_args(args), args.overrides)
     return args, cfg
 

@@ -35,7 +35,8 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
 
     model_dir = prepare_model(cfg, log=progress.message)
     tokenizer = load_tokenizer(str(model_dir))
-    data = load_run_data(cfg, tokenizer, run_dir, need_demos=algos.get(cfg.algo).needs_demonstrations)
+    data = load_run_data(cfg, tokenizer, run_dir, need_demos=algos.get(cfg.algo).needs_demonstrations,
+                         log=progress.message)
     buffer_proc, buffer_address = start_buffer_process(cfg)
     graph = ProcessGraph(cfg, model_dir, buffer_address, data, log=progress.message)
     try:

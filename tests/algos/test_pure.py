@@ -8,10 +8,14 @@ import torch
 import algos
 from algos.pure import (
     check_step_ends,
+    kl_in_reward,
     process_baseline,
     pure_advantage,
+    pure_main_normalize,
     pure_requirements,
     step_score_metrics,
+    verl_baseline,
+    verl_rloo_advantage,
 )
 from algos.pure_steps import (
     minform_rewards,
@@ -256,18 +260,22 @@ def _batch(seed=0):
 
 
 @pytest.mark.parametrize("opts", [{}, {"credit": "strict", "baseline": "step", "whiten": True},
+                                  {"baseline": "verl", "whiten": "batch", "zero_separators": False},
+                                  {"whiten": "pure_main", "zero_final": True, "kl_coef": 0.001,
+                                   "kl_estimator": "k3"},
                                   {"credit": "gamma", "gamma": 0.9, "zero_final": True},
                                   {"credit": "uniform", "kl_coef": 0.01}])
 def test_spec_end_to_end(opts):
     cfg = _cfg(**opts)
     spec = algos.get("pure")
-    want = {"process_rewards"} | ({"ref_logprobs"} if cfg.pure.kl_coef > 0 else set())
+    want = {"process_rewards"} | ({"ref_logprobs", "old_logprobs"} if cfg.pure.kl_coef > 0 else set())
     assert spec.requires(cfg) == want
     batch = _batch()
     adv, metrics = spec.advantage(batch, cfg)
     assert torch.isfinite(adv).all() and adv.abs().sum() > 0
     assert (adv[batch.response_mask == 0] == 0).all()
-    assert adv[0, 6] == 0  # the separator of "1+1=2\n\n" (char 6) is zeroed
+    # the separator of "1+1=2\n\n" (char 6) is zeroed unless zero_separators is off
+    assert (adv[0, 6] == 0) == cfg.pure.zero_separators
     assert torch.isfinite(metrics["pure/min_step_score"])
     logprobs = backprop_all_losses(spec, cfg, batch, adv)
     assert torch.isfinite(logprobs.grad).all() and logprobs.grad.abs().sum() > 0
@@ -283,7 +291,147 @@ def test_spec_kl_in_reward_shifts_advantage_by_kl_return():
     n_after = batch.response_mask.flip(-1).cumsum(-1).flip(-1)
     assert_close((a1 - a0) * keep, -0.05 * n_after * keep)
     assert_close(m["pure/kl_ref"], torch.tensor(0.1))
-    assert pure_requirements(_cfg(kl_coef=0.5)) == {"process_rewards", "ref_logprobs"}
+    # KL-in-reward reads π_prox before the update (the learner then computes it even at one optimiser step)
+    assert pure_requirements(_cfg(kl_coef=0.5)) == {"process_rewards", "ref_logprobs", "old_logprobs"}
     batch.ref_logprobs = None
     with pytest.raises(ValueError, match="reference"):
         spec.advantage(batch, _cfg(kl_coef=0.5))
+
+
+# ---------------------------------------------------------------- PURE-verl baseline (§3.5, §7.9)
+
+
+def test_golden_verl_baseline_with_explicit_width():
+    # Golden group of 2 above, credit gamma (γ = 1), v = (0, 1), c_pr = c_vr = 1, nothing zeroed:
+    #   fused G row 0 = R0 + 0 = [−0.5, −0.5, −1, −1]  (Σ = −3)
+    #   fused G row 1 = R1 + 1 = [2, 2, 2, 0]          (Σ = 6, padding 0)
+    # L = 5:  b_0 = 6 / ((2−1)·5) = 1.2,  b_1 = −3 / 5 = −0.6
+    #   A row 0 = G − 1.2 = [−1.7, −1.7, −2.2, −2.2];  A row 1 = G + 0.6 = [2.6, 2.6, 2.6, 0]
+    opts = dict(credit="gamma", baseline="verl", zero_separators=False)
+    adv, info = pure_advantage(_P, _E, _M, _V, _G, width=5, **opts)
+    assert_close(info["b"], torch.tensor([1.2, -0.6]))
+    assert_close(adv, torch.tensor([[-1.7, -1.7, -2.2, -2.2], [2.6, 2.6, 2.6, 0.0]]))
+    # L defaults to the padded width T = 4: b = (6/4, −3/4) = (1.5, −0.75)
+    adv4, _ = pure_advantage(_P, _E, _M, _V, _G, **opts)
+    assert_close(adv4, torch.tensor([[-2.0, -2.0, -2.5, -2.5], [2.75, 2.75, 2.75, 0.0]]))
+    # The reference-shaped function on token rewards (VR 1 at row 1's last token t = 2, plus its step
+    # reward 1 there) gives the same numbers.
+    r = torch.tensor([[0.0, 0.5, 0.0, -1.0], [0.0, 0.0, 2.0, 0.0]])
+    ref_adv, ref_ret = verl_rloo_advantage(r, _M, _G, width=5)
+    assert_close(ref_adv, adv)
+    assert_close(ref_ret, adv)
+    # adv_norm: whiten over the 7 response tokens, then ·M
+    w_adv, _ = verl_rloo_advantage(r, _M, _G, width=5, do_whiten=True)
+    vals = torch.tensor([-1.7, -1.7, -2.2, -2.2, 2.6, 2.6, 2.6])
+    want = (adv - vals.mean()) / vals.std() * _M
+    assert_close(w_adv, want)
+    assert_close(pure_advantage(_P, _E, _M, _V, _G, width=5, do_whiten="batch", **opts)[0], want)
+
+
+def test_verl_baseline_edges():
+    # Singleton group (the reference divides by n − 1 = 0): baseline 0.  Group {1, 2}: row 2 sees
+    # row 1's Σ R = 4 over L = 4 → 1.0; row 1 sees row 2's 0 → 0.
+    returns = torch.tensor([[3.0, 0.0], [2.0, 2.0], [0.0, 0.0]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
+    assert_close(verl_baseline(returns, mask, torch.tensor([0, 1, 1]), width=4), torch.tensor([0.0, 0.0, 1.0]))
+    with pytest.raises(ValueError, match="rollout.max_response_tokens"):
+        verl_baseline(returns, mask, torch.tensor([0, 1, 1]), width=1)
+
+
+def test_spec_verl_baseline_uses_max_response_tokens():
+    # The spec's L is rollout.max_response_tokens (verl pads to its max_response_length), not the
+    # batch's padded width: moving it from 40 to 80 halves the baseline.
+    batch = _batch()
+    spec = algos.get("pure")
+    cfg = _cfg(baseline="verl", zero_separators=False)
+    for width in (40, 80):
+        cfg.rollout.max_response_tokens = width
+        adv, metrics = spec.advantage(batch, cfg)
+        want, info = pure_advantage(batch.extras["step_scores"], batch.extras["step_end_mask"], batch.response_mask,
+                                    batch.rewards, batch.group_index, baseline="verl", zero_separators=False,
+                                    width=width)
+        assert_close(adv, want)
+        assert_close(metrics["pure/baseline"], info["b"].mean())
+    b80 = info["b"]
+    cfg.rollout.max_response_tokens = 40
+    assert_close(spec.advantage(batch, cfg)[1]["pure/baseline"], 2 * b80.mean())
+
+
+# ---------------------------------------------------------------- KL-in-reward estimators
+
+
+def test_golden_kl_in_reward_estimators():
+    # d = log π − log π_ref = (0.5, −3, 0.7 on padding)
+    #   k1 = (0.5, −3, 0)
+    #   k3 = exp(−d) − 1 + d: exp(−0.5) − 0.5 = 0.6065307 − 0.5 = 0.1065307;  exp(3) − 4 = 16.0855369
+    #   low_var_kl: the same k3, clamped to [−10, 10] → (0.1065307, 10)
+    lp = torch.tensor([[0.5, -3.0, 0.7]])
+    ref = torch.zeros(1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert_close(kl_in_reward(lp, ref, mask, "k1"), torch.tensor([[0.5, -3.0, 0.0]]))
+    assert_close(kl_in_reward(lp, ref, mask, "k3"), torch.tensor([[0.1065307, 16.0855369, 0.0]]))
+    assert_close(kl_in_reward(lp, ref, mask, "low_var_kl"), torch.tensor([[0.1065307, 10.0, 0.0]]))
+    with pytest.raises(ValueError, match="kl_estimator"):
+        kl_in_reward(lp, ref, mask, "k2")
+
+
+def test_spec_k3_kl_in_reward():
+    # old − ref = 0.1 everywhere: k3 = exp(−0.1) − 1 + 0.1 = 0.9048374 − 0.9 = 0.0048374 per token;
+    # with kl_coef 0.5 the kept advantages drop by 0.5·0.0048374·(tokens ≥ t).
+    batch, spec = _batch(), algos.get("pure")
+    a0, _ = spec.advantage(batch, _cfg())
+    a1, m = spec.advantage(batch, _cfg(kl_coef=0.5, kl_estimator="k3"))
+    keep = (a0 != 0).float()
+    n_after = batch.response_mask.flip(-1).cumsum(-1).flip(-1)
+    assert_close((a1 - a0) * keep, -0.5 * 0.0048374 * n_after * keep)
+    assert_close(m["pure/kl_ref"], torch.tensor(0.0048374))
+
+
+# ---------------------------------------------------------------- PURE-main buffer normalisation
+
+
+def test_golden_pure_main_normalize():
+    # adv row 0 = [2, 0, 4], row 1 = [−3, pad, pad]; the masked exact zero is (0, 1).
+    # exclude zeros: N' = 4 − 1 = 3, μ = (2 + 0 + 4 − 3)/3 = 1,
+    #   var = ((2−1)² + (0−1)² + (4−1)² + (−3−1)²)/3 = (1 + 1 + 9 + 16)/3 = 9 → ×1/3;
+    #   out row 0 = [1/3, 0 (restored), 1], row 1 = [−4/3, 0, 0].
+    adv = torch.tensor([[2.0, 0.0, 4.0], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert_close(pure_main_normalize(adv, mask), torch.tensor([[1 / 3, 0.0, 1.0], [-4 / 3, 0.0, 0.0]]))
+    # no exclusion (nomask_separator_adv): N' = 4, μ = 3/4,
+    #   var = (1.25² + 0.75² + 3.25² + 3.75²)/4 = (1.5625 + 0.5625 + 10.5625 + 14.0625)/4 = 6.6875
+    r = 6.6875 ** -0.5
+    assert_close(pure_main_normalize(adv, mask, exclude_zeros=False),
+                 torch.tensor([[1.25 * r, -0.75 * r, 3.25 * r], [-3.75 * r, 0.0, 0.0]]))
+    # var below 1e-8 → divided by 1e-4: constant advantages (var 0) give 0; all zeros (N' = 0) give 0, not NaN
+    assert_close(pure_main_normalize(torch.full((1, 2), 0.7), torch.ones(1, 2)), torch.zeros(1, 2))
+    assert_close(pure_main_normalize(torch.zeros(2, 2), torch.ones(2, 2)), torch.zeros(2, 2))
+
+
+def test_pure_main_whiten_through_fusion():
+    # Token-baseline golden advantages (separator (0, 1) zeroed):
+    #   [[−13/6, 0, −7/3, −7/3], [2.25, 2.25, 2.25, pad]]: 7 response tokens, one exact zero → N' = 6,
+    #   μ = (−13/6 − 14/3 + 6.75)/6 = (−1/12)/6 = −1/72,
+    #   var = (Σ over the 6 non-zero (a − μ)² + (0 − μ)²)/6  (the zero stays in the numerator)
+    vals = [-13 / 6, -7 / 3, -7 / 3, 2.25, 2.25, 2.25]
+    mu = -1 / 72
+    var = (sum((a - mu) ** 2 for a in vals) + mu ** 2) / 6
+    want = torch.tensor([[-13 / 6, 0.0, -7 / 3, -7 / 3], [2.25, 2.25, 2.25, 0.0]])
+    want = torch.where(want != 0, (want - mu) / var ** 0.5, torch.zeros_like(want)) * _M
+    adv, _ = pure_advantage(_P, _E, _M, _V, _G, credit="gamma", do_whiten="pure_main")
+    assert_close(adv, want)
+    with pytest.raises(ValueError, match="pure.whiten"):
+        pure_advantage(_P, _E, _M, _V, _G, do_whiten="layer")
+
+
+def test_whiten_config_accepts_the_old_booleans():
+    assert _cfg(whiten=True).pure.whiten == "batch"
+    assert _cfg(whiten=False).pure.whiten == "none"
+    assert _cfg(whiten="pure_main").pure.whiten == "pure_main"
+    with pytest.raises(ValueError):
+        _cfg(whiten="layer")
+    # the spec passes the mode through: whiten=True (batch) equals do_whiten=True on the same batch
+    batch, spec = _batch(), algos.get("pure")
+    want, _ = pure_advantage(batch.extras["step_scores"], batch.extras["step_end_mask"], batch.response_mask,
+                             batch.rewards, batch.group_index, do_whiten=True)
+    assert_close(spec.advantage(batch, _cfg(whiten=True))[0], want)

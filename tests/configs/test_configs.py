@@ -8,7 +8,7 @@ import pytest
 
 import algos
 from configs.loading import ConfigError, builtin_config_path, dump, resolve
-from configs.schema import ALGOS, RunConfig
+from configs.schema import RunConfig
 from launch.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,8 +16,7 @@ YAMLS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 def test_every_algorithm_has_a_yaml_and_a_registered_spec():
-    assert {p.stem for p in YAMLS} == set(ALGOS) | {"quickstart"}
-    assert set(algos.names()) == set(ALGOS)
+    assert {p.stem for p in YAMLS} == set(algos.names()) | {"quickstart"}
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=[p.stem for p in YAMLS])
@@ -43,7 +42,7 @@ def test_overrides_and_flags_apply():
     ("pure", ["buffer.max_stalenes=2"], {}, "buffer.max_stalenes: unknown key — did you mean 'buffer.max_staleness'"),
     ("grpo", ["buffer.max_staleness=-1"], {}, "buffer.max_staleness: Input should be greater than or equal to 0"),
     ("grpo", ["learner.lr=fast"], {}, "learner.lr: Input should be a valid number"),
-    ("pacs", ["learner.micro_batch_samples=12"], {}, "learner.micro_batch_samples: PACS needs whole groups"),
+    ("pacs", ["learner.micro_batch_samples=12"], {}, "learner.micro_batch_samples: pacs needs whole groups"),
     ("luffy", [], {"data.path": "x.parquet", "data.task": "file"}, "data.demos: luffy needs demonstrations"),
     ("luffy", ["luffy.n_prefix=8"], {}, "luffy.n_prefix: 8 guided rows leave no on-policy row"),
     ("prime", ["buffer.filter=none"], {}, "buffer.filter: PRIME trains on groups inside the accuracy window"),
@@ -78,5 +77,33 @@ def test_cli_dry_run_and_errors(capsys):
 def test_console_script_help_lists_every_algorithm():
     exe = Path(sys.executable).with_name("algo-train")
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
-    for name in ALGOS:
+    for name in algos.names():
         assert f"  {name} " in out
+
+
+def test_an_algorithm_is_its_registry_entry_and_validates_its_own_section(monkeypatch):
+    """A spec added to the registry is accepted as `algo` and its own rules run with the shared ones;
+    the built-in specs' rules name their keys."""
+    from algos import registry
+
+    def toy_problems(cfg):
+        if cfg.loss.clip_low > 0.1:
+            yield "loss.clip_low: toy needs ε ≤ 0.1 — set loss.clip_low=0.1"
+
+    toy = registry.AlgoSpec(name="toy", summary="a test algorithm", losses=(), validate=toy_problems)
+    monkeypatch.setitem(registry._REGISTRY, "toy", toy)
+    assert RunConfig(algo="toy", loss={"clip_low": 0.05}).algo == "toy"
+    with pytest.raises(ValueError, match="loss.clip_low: toy needs"):
+        RunConfig(algo="toy")
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'; choose one of grpo"):
+        RunConfig(algo="nope")
+    refused = {
+        "pacs": (["loss.is_correction=decoupled"], "loss.is_correction: 'decoupled' decouples a PPO clip"),
+        "prime": (["buffer.filter=none"], "buffer.filter: PRIME trains on groups inside the accuracy window"),
+        "pure": (["pure.prm=hf"], "pure.prm_path: pure.prm=hf needs"),
+        "luffy": (["luffy.n_prefix=8"], "luffy.n_prefix: 8 guided rows leave no on-policy row"),
+        "grpo": (["learner.mini_batches=9"], "learner.mini_batches: 9 mini-batches of whole groups need at least"),
+    }
+    for algo, (overrides, message) in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            resolve(algo, overrides=overrides)

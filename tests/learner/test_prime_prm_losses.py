@@ -36,5 +36,8 @@ def test_detached_prm_losses_are_microbatch_invariant(prm_loss, tiny_dir, tokeni
     assert metrics[0]["prime/prm_version"] == 2.0 and abs(metrics[0]["prime/q_mean"]) > 0
     moved = max(float(np.abs(weights[0][k] - before[k]).max()) for k in before)
     assert moved > 1e-4
-    for k in weights[0]:  # see test_learner_algos for why 1% of an Adam step, not machine precision
-        np.testing.assert_allclose(weights[0][k], weights[1][k], atol=1e-5, rtol=0, err_msg=k)
+    # Two Adam steps of lr 1e-3 move weights by ~2e-3; elements whose gradient is near Adam's eps amplify
+    # fp32 summation-order noise (see test_learner_algos), so the bound is 5% of one step. A wrong
+    # normaliser (e.g. per micro-batch) would change prm_loss above by ×8.
+    for k in weights[0]:
+        np.testing.assert_allclose(weights[0][k], weights[1][k], atol=5e-5, rtol=0, err_msg=k)
