@@ -219,6 +219,9 @@ def prime_problems(cfg: Any):
     if cfg.buffer.filter != "accuracy_window":
         yield ("buffer.filter: PRIME trains on groups inside the accuracy window — set "
                "buffer.filter=accuracy_window (bounds buffer.acc_lo/acc_hi)")
+    if cfg.prime.drop_last_token and cfg.prime.granularity == "whole":
+        yield ("prime.drop_last_token: with prime.granularity=whole the whole reward sits on the last token and "
+               "would be dropped — set prime.granularity=token or prime.drop_last_token=false")
 
 
 register(AlgoSpec(

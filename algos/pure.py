@@ -262,8 +262,9 @@ def pure_advantage(
     The info dict holds step_rewards, returns, baseline [B, T], b [B], total_process [B].
 
     Reference settings: PURE-main = baseline token (or step), zero_separators and zero_final on,
-    do_whiten "pure_main", KL k1 (or k3) with kl_coef 0.001. PURE-verl = baseline verl with width =
-    its max_response_length, zero_separators off, do_whiten "batch", KL low_var_kl with kl_coef 0.001.
+    do_whiten "pure_main", KL k1 (or k3) with kl_coef 0.001, loss.agg seq-mean-token-mean. PURE-verl =
+    baseline verl with width = its max_response_length, zero_separators off, do_whiten "batch", KL
+    low_var_kl with kl_coef 0.001, loss.agg token-mean.
     Deviations from the reference: the VR reward scale ({−1, 0} in PURE-main, {0, 1} in PURE-verl) is
     irrelevant for token/step (RLOO is shift-invariant) but not for verl, whose baseline spreads the
     others' VR over L tokens: give v ∈ {0, 1} to match PURE-verl. Empty rows get advantage 0.

@@ -156,8 +156,8 @@ class LossConfig(Section):
         0, ge=0, description="DAPO soft overlong punishment cache L_cache, tokens: with L_max = "
                              "rollout.max_response_tokens, a response of |y| > L_max − L_cache tokens gets reward "
                              "penalty ((L_max − L_cache) − |y|)/L_cache (−1 beyond L_max), added to the outcome reward "
-                             "before the advantage (grpo, rloo, prime, pure, luffy); 0 = off (DAPO uses 4096 of "
-                             "20480)")
+                             "before the advantage (algos.overlong.shaped_rewards, applied by pure and luffy); "
+                             "0 = off (DAPO uses 4096 of 20480)")
     overlong_penalty_factor: float = Field(
         1.0, ge=0, description="scale of the soft overlong punishment (verl DAPO recipe overlong_buffer.penalty_factor)")
 

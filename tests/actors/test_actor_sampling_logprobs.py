@@ -45,18 +45,26 @@ def test_top_p_boundary_ties_are_a_superset_of_vllm():
     assert support_mask(z, 0.6, 0).tolist() == [[False, False, False, True, True, True, True]]
 
 
+async def sample_with_version(engine, sampler, item, n: int):
+    """One group of n rows; a fresh shared engine is first labelled version 0, as an actor would."""
+    from actors.luffy import GroupPlan
+
+    if not str(await engine.get_weight_version()).lstrip("-").isdigit():
+        await engine.update_weight_version("0")
+    return await sampler.sample_group(item, GroupPlan(on_policy=n, demo_rows=0))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 0.9, 0), (0.8, 0.9, 20), (1.0, 1.0, 10)])
 def test_learner_reproduces_vllm_processed_logprobs(host, model_dir, tokenizer, prompts, temperature, top_p, top_k):
     from actors.generate import GroupSampler, SamplingSettings
-    from actors.luffy import GroupPlan
     from learner.fsdp import load_causal_lm
 
     settings = SamplingSettings(temperature=temperature, top_p=top_p, max_tokens=24, top_k=top_k)
     sampler = GroupSampler(host.engine, tokenizer, settings, reward_fn=lambda text, truth: 0.0, seed=top_k)
     try:
         item = prompts[top_k % len(prompts)]
-        samples, _ = host.call(sampler.sample_group(item, GroupPlan(on_policy=4, demo_rows=0)), timeout_s=300)
+        samples, _ = host.call(sample_with_version(host.engine, sampler, item, 4), timeout_s=300)
     finally:
         sampler.close()
 

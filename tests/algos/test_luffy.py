@@ -12,7 +12,7 @@ import torch
 from algos import luffy, registry
 from algos.aggregation import LossNorm
 from algos.luffy import extreme_group_keep, luffy_advantage, luffy_policy_loss
-from algos.luffy_loss import off_policy_shape, on_policy_ratio, parse_reshape
+from algos.luffy_loss import luffy_token_loss, off_policy_shape, on_policy_ratio, parse_reshape
 from algos.luffy_prefix import (
     assemble_response,
     guided_prompt,
@@ -367,3 +367,94 @@ def test_empty_rows_and_no_demonstration_tokens_stay_finite():
     assert term.metrics["luffy/off_pg_loss"] == 0 and term.metrics["luffy/off_policy_prob"] == 0
     term.loss.backward()
     assert torch.isfinite(lp.grad).all() and lp.grad[2].abs().sum() == 0
+
+
+# ---------------------------------------------------------------- one-sided micro-batches, clip scope
+
+def _one_row_ctx(prefix: bool, lp, old, adv, cfg_is="tis"):
+    cfg = make_cfg()
+    cfg.loss.is_correction = cfg_is
+    t = lp.shape[-1]
+    batch = StepBatch(response_mask=torch.ones(1, t), prefix_mask=torch.full((1, t), prefix),
+                      group_index=torch.zeros(1, dtype=torch.int64), rewards=torch.ones(1), old_logprobs=old,
+                      behav_logprobs=torch.zeros(1, t) if prefix else old)
+    lp = lp.clone().requires_grad_(True)
+    return cfg, lp, LossContext(logprobs=lp, entropy=None, batch=batch, advantages=adv,
+                                norm=LossNorm.local(torch.ones(1, t)))
+
+
+def test_golden_microbatch_without_on_policy_rows_is_finite():
+    # Demonstration-only micro-batch (the reference's on_pg_loss is 0/0 = NaN there):
+    # p = (0.5, 0.9), A = 1, f = p/(p+0.1) = (0.5/0.6, 0.9/1.0) = (0.8333333, 0.9);
+    # token-mean = −(0.8333333 + 0.9)/2 = −0.8666667. π_old = 0.2 makes ρ_on = 2.5 and 4.5 on these tokens
+    # (clipped branch active for the metric only): on_pg_clipfrac = 2/2 = 1 (see test below).
+    lp = torch.log(torch.tensor([[0.5, 0.9]]))
+    old = torch.full((1, 2), math.log(0.2))
+    cfg, lp, ctx = _one_row_ctx(True, lp, old, torch.ones(1, 2))
+    term = luffy.MIXED_PG.fn(ctx, cfg)
+    assert_close(term.loss, torch.tensor(-0.8666667))
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in term.metrics.values())
+    assert term.metrics["luffy/on_pg_loss"] == 0 and term.metrics["luffy/on_policy_prob"] == 0
+    assert_close(term.metrics["luffy/off_pg_loss"], torch.tensor(-0.8666667))
+    assert_close(term.metrics["luffy/on_pg_clipfrac"], torch.tensor(1.0))
+    term.loss.backward()
+    # d/dlog p [−p/(p+0.1)] = −0.1p/(p+0.1)²: −0.05/0.36 = −0.1388889, −0.09/1.0 = −0.09; /2 tokens
+    assert_close(lp.grad, torch.tensor([[-0.1388889 / 2, -0.09 / 2]]))
+
+
+def test_golden_microbatch_without_off_policy_rows_is_finite():
+    # Generated-only micro-batch: log π_θ − log π_old = (0.5, 0), A = 1, ε = 0.2 →
+    # ρ = (e^0.5 = 1.6487, 1) → ℓ = (−1.2 clipped, −1); token-mean = −1.1; on_pg_clipfrac = 1/2.
+    old = torch.full((1, 2), math.log(0.3))
+    lp = old + torch.tensor([[0.5, 0.0]])
+    cfg, lp, ctx = _one_row_ctx(False, lp, old, torch.ones(1, 2), cfg_is="none")
+    term = luffy.MIXED_PG.fn(ctx, cfg)
+    assert_close(term.loss, torch.tensor(-1.1))
+    assert term.metrics["luffy/off_pg_loss"] == 0 and term.metrics["luffy/off_ratio_mean"] == 0
+    assert_close(term.metrics["luffy/on_pg_clipfrac"], torch.tensor(0.5))
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in term.metrics.values())
+
+
+_OFF_OPTIONS = [
+    {},
+    {"off_policy_reshape": "no_reshape"},
+    {"off_policy_reshape": "logp", "off_policy_reshape_weight": 0.5},
+    {"off_policy_reshape": "pow", "off_policy_reshape_pow_exp": 0.3},
+    {"off_max_clip": 0.5, "off_min_clip": 0.1},
+    {"target_probs": torch.tensor([[0.7, 0.0]])},
+]
+
+
+@pytest.mark.parametrize("off", _OFF_OPTIONS, ids=range(len(_OFF_OPTIONS)))
+def test_off_policy_options_never_touch_the_on_policy_clip(off):
+    # token 0: demonstration, p = 0.5; token 1: generated, ρ_on = e^0.5 = 1.6487212, A = 1.
+    # On-policy loss with the clip: −1.2 (range [0.8, 1.2]); remove_clip (reference loss_remove_clip):
+    # −1.6487212. Whatever the off-policy options, token 1's loss and the clip fraction stay these.
+    lp = torch.tensor([[math.log(0.5), math.log(0.3) + 0.5]])
+    old = torch.tensor([[math.log(0.5), math.log(0.3)]])
+    pre = torch.tensor([[True, False]])
+    for remove_clip, want, frac in ((False, -1.2, 0.5), (True, -math.exp(0.5), 0.0)):
+        out = luffy_token_loss(lp, old, torch.ones(1, 2), torch.ones(1, 2), pre, remove_clip=remove_clip, **off)
+        assert_close(out.loss[0, 1], torch.tensor(want))
+        assert_close(out.metrics["on_pg_clipfrac"], torch.tensor(frac))
+    # the demonstration token is never clipped: its loss is −A·f(p) with the default f = p/(p+0.1)
+    if not off:
+        assert_close(out.loss[0, 0], torch.tensor(-0.5 / 0.6))
+
+
+def test_on_pg_clipfrac_counts_demonstration_tokens():
+    # Documented meaning (the reference's): numerator = response tokens whose on-policy clipped branch
+    # is active, demonstration tokens included; denominator = all response tokens.
+    # token 0: demonstration with π_θ/π_old = e^0.5 (outside [0.8, 1.2]); token 1: generated, ratio 1.
+    # No generated token is clipped, yet on_pg_clipfrac = 1/2.
+    lp = torch.tensor([[math.log(0.5) + 0.5, math.log(0.3)]])
+    old = torch.tensor([[math.log(0.5), math.log(0.3)]])
+    out = luffy_token_loss(lp, old, torch.ones(1, 2), torch.ones(1, 2), torch.tensor([[True, False]]))
+    assert_close(out.metrics["on_pg_clipfrac"], torch.tensor(0.5))
+    assert out.metrics["off_pg_clipfrac"] == 0
+
+
+def test_all_max_clip_rejects_the_reference_off_sentinel():
+    with pytest.raises(ValueError):
+        make_cfg(all_max_clip=-1.0)
+    assert make_cfg(all_max_clip=0.99).luffy.all_max_clip == 0.99

@@ -104,6 +104,8 @@ def test_an_algorithm_is_its_registry_entry_and_validates_its_own_section(monkey
         "luffy": (["luffy.n_prefix=8"], "luffy.n_prefix: 8 guided rows leave no on-policy row"),
         "grpo": (["learner.mini_batches=9"], "learner.mini_batches: 9 mini-batches of whole groups need at least"),
     }
+    with pytest.raises(ConfigError, match="prime.drop_last_token: with prime.granularity=whole"):
+        resolve("prime", overrides=["prime.drop_last_token=true", "prime.granularity=whole"])
     for algo, (overrides, message) in refused.items():
         with pytest.raises(ConfigError, match=message):
             resolve(algo, overrides=overrides)
