@@ -93,7 +93,7 @@ class AsyncActor(WeightUpdates):
         r = self.cfg.rollout
         self.sampler = GroupSampler(
             self.engine, tokenizer,
-            SamplingSettings(r.temperature, r.top_p, r.max_response_tokens, r.eval_temperature),
+            SamplingSettings(r.temperature, r.top_p, r.max_response_tokens, r.eval_temperature, top_k=r.top_k),
             name=self.name, reward_fn=self._reward_fn, seed=self.cfg.seed * 1000 + self.actor_id)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")

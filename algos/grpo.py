@@ -9,25 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from algos import baselines
+from algos.overlong import shaped_rewards
 from algos.policy_gradient import STANDARD_LOSSES, kl_requirements
 from algos.registry import AlgoSpec, StepBatch, register
 
 
-def outcome_advantage(estimator: str, batch: StepBatch, **kwargs) -> torch.Tensor:
-    """Group baseline of the verifiable reward, broadcast over each row's response tokens: [B, T]."""
-    adv = baselines.compute_baseline(estimator, batch.rewards.float(), batch.group_index, **kwargs)
-    return adv[:, None] * batch.response_mask
+def outcome_advantage(estimator: str, batch: StepBatch, cfg: Any, **kwargs):
+    """Group baseline of the verifiable reward (plus DAPO's soft overlong punishment when configured,
+    `algos.overlong.shaped_rewards`), broadcast over each row's response tokens: ([B, T], metrics)."""
+    rewards, metrics = shaped_rewards(batch, cfg)
+    adv = baselines.compute_baseline(estimator, rewards, batch.group_index, **kwargs)
+    return adv[:, None] * batch.response_mask, metrics
 
 
 def _grpo_adv(batch: StepBatch, cfg: Any):
-    return outcome_advantage("grpo", batch, use_std=cfg.grpo.use_std, eps=cfg.grpo.eps), {}
+    return outcome_advantage("grpo", batch, cfg, use_std=cfg.grpo.use_std, eps=cfg.grpo.eps)
 
 
 def _rloo_adv(batch: StepBatch, cfg: Any):
-    return outcome_advantage("rloo", batch), {}
+    return outcome_advantage("rloo", batch, cfg)
 
 
 register(AlgoSpec(

@@ -189,7 +189,8 @@ def bce_loss(ctx: LossContext, cfg: Any) -> LossTerm:
 
     r̂ uses ctx.logprobs (π_θ) and ctx.batch.old_logprobs (π_prox); labels are ctx.batch.rewards; c_i is
     the behaviour correction of `row_importance_weight` (cfg.loss.is_correction, is_cap, is_mask_low,
-    is_mask_high). Metrics: the pacs/* diagnostics; the token-level is/* and mismatch/kl diagnostics
+    is_mask_high), times 0 for truncated rows under DAPO's overlong filter (cfg.loss.overlong_filter; they
+    stay in the row count, as a token dropped by the IS correction stays in a token count). Metrics: the pacs/* diagnostics; the token-level is/* and mismatch/kl diagnostics
     every algorithm logs, except is/clip_frac, replaced by pacs/is_row_clip_frac (rows truncated or
     dropped); pg/ppo_kl = mean over response tokens of log π_prox − log π_θ (how far the earlier
     optimiser steps of this learner step moved the policy; 0 at the first).
@@ -205,7 +206,8 @@ def bce_loss(ctx: LossContext, cfg: Any) -> LossTerm:
     on = b.on_policy_mask
     c, corrected = row_importance_weight(sequence_ratio(b.old_logprobs, b.behav_logprobs, on), lo.is_correction,
                                          lo.is_cap, lo.is_mask_low, lo.is_mask_high)
-    loss = aggregate_rows(rows * c, ctx.norm)
+    kept = (~b.truncated).to(c.dtype) if lo.overlong_filter and b.truncated is not None else torch.ones_like(c)
+    loss = aggregate_rows(rows * c * kept, ctx.norm)
     diag = importance_correction(b.old_logprobs, b.behav_logprobs, on, "none").metrics
     diag.pop("is/clip_frac")
     metrics |= diag | {
@@ -220,9 +222,15 @@ BCE = LossComponent("pacs_bce", bce_loss)
 
 def pacs_problems(cfg: Any):
     """PACS' configuration rules (RunConfig.problems)."""
-    if cfg.loss.is_correction not in ROW_IS_MODES:
-        yield (f"loss.is_correction: {cfg.loss.is_correction!r} decouples a PPO clip and PACS has none — use "
+    lo = cfg.loss
+    if lo.is_correction not in ROW_IS_MODES:
+        yield (f"loss.is_correction: {lo.is_correction!r} decouples a PPO clip and PACS has none — use "
                f"one of {', '.join(ROW_IS_MODES)} (applied per row, see algos.pacs.row_importance_weight)")
+    if lo.ratio_level != "token":
+        yield "loss.ratio_level: PACS has no PPO ratio (GSPO's sequence ratio does not apply) — set loss.ratio_level=token"
+    if lo.overlong_cache_tokens:
+        yield ("loss.overlong_cache_tokens: PACS' BCE labels are the 0/1 outcomes, a length penalty would make them "
+               "soft — set loss.overlong_cache_tokens=0 (loss.overlong_filter works with PACS)")
 
 SPEC = register(AlgoSpec(
     name="pacs",

@@ -19,6 +19,7 @@ import torch
 
 from algos import baselines
 from algos.masked import masked_mean, whiten
+from algos.overlong import shaped_rewards
 from algos.policy_gradient import STANDARD_LOSSES, kl_requirements
 from algos.prime_prm import (
     dpo_abs_accuracy,
@@ -188,8 +189,9 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
     shards = pc.norm_shards
     scale = process_reward_scale(r, m, pc.norm, shards)
     r = normalize_process_reward(r, m, pc.norm, shards)
+    outcome, overlong_metrics = shaped_rewards(batch, cfg)  # the PRM's label and dpo_acc keep raw accuracy
     adv, returns = prime_advantage(
-        r, m, acc, batch.group_index,
+        r, m, outcome, batch.group_index,
         c_gt=pc.c_gt, c_pr=pc.c_pr, gamma=pc.gamma, outcome_gamma=pc.outcome_gamma,
         do_whiten=pc.whiten, process_baseline=pc.process_baseline,
     )
@@ -204,7 +206,7 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
         "prime/return_mean": masked_mean(returns, m),
         "prime/adv_mean": masked_mean(adv, m),
     }
-    return adv * m, {k: v.detach() for k, v in metrics.items()}
+    return adv * m, {k: v.detach() for k, v in (metrics | overlong_metrics).items()}
 
 
 def prime_requirements(cfg: Any) -> frozenset[str]:
@@ -219,6 +221,11 @@ def prime_problems(cfg: Any):
     if cfg.buffer.filter != "accuracy_window":
         yield ("buffer.filter: PRIME trains on groups inside the accuracy window — set "
                "buffer.filter=accuracy_window (bounds buffer.acc_lo/acc_hi)")
+    r = cfg.rollout
+    if cfg.prime.ref == "policy" and (r.top_p < 1 or r.top_k > 0):
+        yield ("prime.ref: 'policy' compares the PRM's untruncated log-probs with π_prox, which top-p/top-k "
+               "truncate (rollout.top_p < 1 or rollout.top_k > 0) — use prime.ref=freeze or sample without "
+               "truncation")
     if cfg.prime.drop_last_token and cfg.prime.granularity == "whole":
         yield ("prime.drop_last_token: with prime.granularity=whole the whole reward sits on the last token and "
                "would be dropped — set prime.granularity=token or prime.drop_last_token=false")

@@ -156,7 +156,7 @@ class LossConfig(Section):
         0, ge=0, description="DAPO soft overlong punishment cache L_cache, tokens: with L_max = "
                              "rollout.max_response_tokens, a response of |y| > L_max − L_cache tokens gets reward "
                              "penalty ((L_max − L_cache) − |y|)/L_cache (−1 beyond L_max), added to the outcome reward "
-                             "before the advantage (algos.overlong.shaped_rewards, applied by pure and luffy); "
+                             "before the advantage (algos.overlong.shaped_rewards; every algorithm but PACS, which refuses it); "
                              "0 = off (DAPO uses 4096 of 20480)")
     overlong_penalty_factor: float = Field(
         1.0, ge=0, description="scale of the soft overlong punishment (verl DAPO recipe overlong_buffer.penalty_factor)")
@@ -375,6 +375,9 @@ class RunConfig(Section):
         if self.learner.batch_prompts * n < self.learner.world_size:
             yield (f"learner.batch_prompts: {self.learner.batch_prompts} prompts × {n} samples cannot feed "
                    f"{self.learner.world_size} ranks — raise learner.batch_prompts")
+        if self.loss.overlong_cache_tokens > self.rollout.max_response_tokens:
+            yield (f"loss.overlong_cache_tokens: {self.loss.overlong_cache_tokens} exceeds the generation limit "
+                   f"rollout.max_response_tokens={self.rollout.max_response_tokens} — lower it")
         if self.learner.mini_batches > self.learner.batch_prompts:
             yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
                    f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "

@@ -12,8 +12,10 @@ It is algorithm-blind (algos/registry.py): for each step it
 Every rank receives the same `groups` and calls every method (they contain collectives). Models are
 FSDP2-sharded when world_size > 1; a single rank trains the plain module (same maths, `fsdp=True`
 forces FSDP2). How the loss is normalised and scaled for FSDP's gradient averaging: `train_step`.
-Log-probs use `cfg.rollout.temperature` (behaviour log-probs are after temperature) except for specs
-that train on demonstrations only (SFT), which use 1.
+The policy's log-probs are those of the distribution vLLM sampled from (its processed log-probs:
+`cfg.rollout` temperature, then top-k, then top-p; `learner.logprobs`), except for specs that train on
+demonstrations only (SFT), which use the plain model distribution; auxiliary models use the temperature
+without truncation (`build_model`).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class Learner:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        self.policy = self.build_model(trainable=True, activation_checkpointing=cfg.learner.activation_checkpointing)
+        self.policy = self.build_model(trainable=True, activation_checkpointing=cfg.learner.activation_checkpointing,
+                                       truncate=True)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.vocab_size = int(self.policy.lm.get_output_embeddings().weight.shape[0])
         lc = cfg.learner
@@ -93,12 +96,15 @@ class Learner:
         self.version = 0  # weight version after the last step (version passed to step() + 1)
 
     # ------------------------------------------------------------------ models
-    def build_model(self, *, trainable: bool, activation_checkpointing: bool = False):
-        """A sharded `TokenScorer` initialised from the run's model directory, scoring under `self.sampling`
-        (temperature, then top-k, then top-p, as vLLM's processed log-probs; `learner.logprobs`)."""
-        lc = self.cfg.learner
+    def build_model(self, *, trainable: bool, activation_checkpointing: bool = False, truncate: bool = False):
+        """A sharded `TokenScorer` initialised from the run's model directory, at the sampling temperature;
+        with `truncate` (the policy) also top-k then top-p, the distribution vLLM sampled from
+        (`learner.logprobs`). Auxiliary models (reference, PRM) score the untruncated distribution: a
+        token outside their nucleus would otherwise get the −30 floor and a spurious KL or implicit reward."""
+        lc, s = self.cfg.learner, self.sampling
+        sampling = s if truncate else dict(s, top_p=1.0, top_k=0)
         return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.cfg.model.dtype,
-                            trainable=trainable, **self.sampling, chunk_tokens=lc.logprob_chunk_tokens,
+                            trainable=trainable, **sampling, chunk_tokens=lc.logprob_chunk_tokens,
                             activation_checkpointing=activation_checkpointing, shard=self.fsdp)
 
     def reference(self):
@@ -165,7 +171,7 @@ class Learner:
         that mini-batch's global counts; returns its metrics."""
         cfg, spec = self.cfg, self.spec
         shards, mbs = self._layout(rows, indices)
-        norm = global_norm(batch, mbs, cfg.rollout.max_response_tokens)
+        norm = global_norm(batch, mbs, cfg)
         lr = lr_at(self.step_count, peak=cfg.learner.lr, warmup=cfg.learner.warmup_steps,
                    total=self.total_optimizer_steps, schedule=cfg.learner.lr_schedule)
         set_lr(self.opt, lr)

@@ -43,6 +43,8 @@ Deviations from vLLM:
     with log μ < -20 is practically never sampled), while exp(+30) ≈ 1e13 keeps k3-style estimators
     and their gradients finite in float32 (-inf would give NaN). Tokens inside the kept set are never
     clamped, even below -30.
+  - vLLM samples greedily when T < 1e-5 and then reports log_softmax of the raw logits (no temperature,
+    no truncation); here any T > 0 is applied as given.
 
 `TokenScorer` wraps an HF causal LM so that the decoder *and* the chunked head run inside one
 `forward` (FSDP2 unshards the root's parameters — embeddings, final norm, LM head — only inside the

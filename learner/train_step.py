@@ -20,18 +20,22 @@ import torch
 import torch.distributed as dist
 
 from algos.aggregation import LossNorm
+from algos.overlong import loss_mask
 from algos.registry import AlgoSpec, LossContext, StepBatch
 from learner.batching import MicroBatch
 from learner.distributed import all_reduce_sum, reduce_weighted
 
 
-def global_norm(batch: StepBatch, microbatches: list[MicroBatch], max_len: int) -> LossNorm:
-    """LossNorm of the whole step: this rank's micro-batches merged, then all-reduced over ranks."""
+def global_norm(batch: StepBatch, microbatches: list[MicroBatch], cfg) -> LossNorm:
+    """LossNorm of one optimiser step's rows: this rank's micro-batches merged, then all-reduced over
+    ranks. Tokens are counted under the loss mask (`algos.overlong.loss_mask`: without DAPO's truncated
+    rows when loss.overlong_filter); T_pad is rollout.max_response_tokens."""
+    max_len = cfg.rollout.max_response_tokens
     norm = LossNorm(0.0, 0.0, 0.0, float(max_len))
     for mb in microbatches:
         if not mb.dummy:
-            mask = batch.response_mask[torch.tensor(mb.rows, device=batch.response_mask.device)]
-            norm = norm.merge(LossNorm.local(mask, max_len=max_len))
+            sub = batch.rows(torch.tensor(mb.rows, device=batch.response_mask.device))
+            norm = norm.merge(LossNorm.local(loss_mask(sub, sub.response_mask, cfg), max_len=max_len))
     tokens, seqs, rows = all_reduce_sum([norm.num_tokens, norm.num_seqs, norm.num_rows])
     return LossNorm(tokens, seqs, rows, float(max_len))
 

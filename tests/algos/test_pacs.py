@@ -168,3 +168,49 @@ def test_microbatches_of_whole_groups_match_full_batch():
     parts = sum(pacs.BCE.fn(LossContext(lp[idx], None, batch.rows(idx), torch.zeros_like(lp[idx]), norm), cfg).loss
                 for idx in (torch.arange(4), torch.arange(4, 8)))
     assert_close(parts, full)
+
+
+def test_row_importance_weight_golden():
+    """Row 0: on-policy log-ratios (π_prox − μ) 0.2 and 0.4 → mean 0.3, s = e^0.3 = 1.34986; row 1: −1.0 and
+    −2.0 (the third token is padding) → mean −1.5, s = e^−1.5 = 0.22313; row 2 has no on-policy token → s = 1.
+    tis (C = 1.2): min(s, C) = (1.2, 0.22313, 1), row 0 truncated; mask [0.5, 5]: row 1 dropped; none: 1."""
+    prox = torch.tensor([[0.2, 0.4, 9.0], [-1.0, -2.0, 7.0], [3.0, 3.0, 3.0]])
+    behav = torch.zeros(3, 3)
+    mask = torch.tensor([[1.0, 1, 0], [1, 1, 0], [0, 0, 0]])
+    s = pacs.sequence_ratio(prox, behav, mask)
+    assert_close(s, torch.tensor([math.exp(0.3), math.exp(-1.5), 1.0]))
+    w, hit = pacs.row_importance_weight(s, "tis", cap=1.2)
+    assert_close(w, torch.tensor([1.2, math.exp(-1.5), 1.0])) and hit.tolist() == [True, False, False]
+    w, hit = pacs.row_importance_weight(s, "mask", cap_min=0.5, cap_max=5.0)
+    assert w.tolist() == [1.0, 0.0, 1.0] and hit.tolist() == [False, True, False]
+    w, hit = pacs.row_importance_weight(s, "none")
+    assert w.tolist() == [1.0, 1.0, 1.0] and not hit.any()
+    with pytest.raises(ValueError, match="decouples a PPO clip and PACS has none"):
+        pacs.row_importance_weight(s, "decoupled")
+
+
+def test_bce_applies_the_row_correction_logs_core_metrics_and_filters_truncated_rows():
+    """The loss with is_correction=tis equals Σ_i min(s_i, C)·w_i·BCE_i / B; is/*, mismatch/kl and pg/ppo_kl
+    are logged; under loss.overlong_filter a truncated row's BCE leaves the sum (its score still enters
+    the group's baseline, as DAPO keeps filtered rows in the advantage)."""
+    batch = _step_batch()
+    batch.behav_logprobs = batch.old_logprobs - torch.linspace(-1.0, 1.0, 8)[:, None]  # s_i = e^{d_i}
+    lp = (batch.old_logprobs + 0.05).requires_grad_(True)
+    norm = LossNorm.local(batch.response_mask)
+    ctx = LossContext(lp, None, batch, torch.zeros_like(lp), norm)
+    rows, _ = pacs_row_losses(lp, batch.old_logprobs, batch.response_mask, batch.rewards, batch.group_index)
+    d = torch.linspace(-1.0, 1.0, 8)
+    want = (rows * torch.clamp(torch.exp(d), max=2.0)).sum() / 8
+    term = pacs.BCE.fn(ctx, make_cfg())
+    assert_close(term.loss, want)
+    assert {"is/weight_mean", "is/ess", "mismatch/kl", "pg/ppo_kl", "pacs/is_row_clip_frac"} <= set(term.metrics)
+    assert "is/clip_frac" not in term.metrics
+    assert_close(term.metrics["pg/ppo_kl"], torch.tensor(-0.05))  # log π_prox − log π_θ = −0.05 everywhere
+    # d_i = −1 + 2i/7: e^{d_i} > C = 2 iff d_i > ln 2 = 0.693, i.e. rows 6 (d = 0.714) and 7 (d = 1): 2 of 8
+    assert_close(term.metrics["pacs/is_row_clip_frac"], torch.tensor(0.25))
+    batch.truncated = torch.tensor([False, True, False, False, False, False, False, False])
+    cfg = make_cfg()
+    cfg.loss.overlong_filter = True
+    kept = torch.ones(8)
+    kept[1] = 0.0
+    assert_close(pacs.BCE.fn(ctx, cfg).loss, (rows * torch.clamp(torch.exp(d), max=2.0) * kept).sum() / 8)

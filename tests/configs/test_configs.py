@@ -106,6 +106,13 @@ def test_an_algorithm_is_its_registry_entry_and_validates_its_own_section(monkey
     }
     with pytest.raises(ConfigError, match="prime.drop_last_token: with prime.granularity=whole"):
         resolve("prime", overrides=["prime.drop_last_token=true", "prime.granularity=whole"])
+    refused["pacs"] = (["loss.overlong_cache_tokens=8"], "loss.overlong_cache_tokens: PACS' BCE labels are the 0/1")
+    with pytest.raises(ConfigError, match="loss.ratio_level: PACS has no PPO ratio"):
+        resolve("pacs", overrides=["loss.ratio_level=sequence"])
+    with pytest.raises(ConfigError, match="prime.ref: 'policy' compares the PRM's untruncated log-probs"):
+        resolve("prime", overrides=["prime.ref=policy", "rollout.top_p=0.9"])
+    with pytest.raises(ConfigError, match="loss.overlong_cache_tokens: 999 exceeds the generation limit"):
+        resolve("grpo", overrides=["loss.overlong_cache_tokens=999"])
     for algo, (overrides, message) in refused.items():
         with pytest.raises(ConfigError, match=message):
             resolve(algo, overrides=overrides)

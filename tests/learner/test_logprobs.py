@@ -167,3 +167,17 @@ def test_no_truncation_is_the_plain_softmax_without_sorting(top_k, monkeypatch):
 def test_bad_sampling_settings_are_errors(kwargs, key):
     with pytest.raises(ValueError, match=key):
         chunked_token_logprobs(torch.zeros(2, 3), nn.Linear(3, 4), torch.zeros(2, dtype=torch.long), **kwargs)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "sft"])
+def test_learner_scores_under_the_rollout_sampling_distribution(tiny_dir, algo):
+    """RL specs score under rollout.temperature/top_p/top_k; SFT-only specs under the plain model."""
+    from learner.learner import Learner
+    from tests.algos.cfg import make_cfg
+
+    cfg = make_cfg("grpo")
+    cfg.algo = algo
+    cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k = 0.8, 0.7, 5
+    policy = Learner(cfg, 0, 1, tiny_dir).policy
+    want = (0.8, 0.7, 5) if algo == "grpo" else (1.0, 1.0, 0)
+    assert (policy.temperature, policy.top_p, policy.top_k) == want
