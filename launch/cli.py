@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="PATH", help="train parquet/JSONL in veRL layout (data.path)")
     p.add_argument("--demos", metavar="PATH", help="teacher trajectories for LUFFY / demonstrations for SFT")
     p.add_argument("--max-staleness", type=int, metavar="K", help="buffer.max_staleness, in versions")
-    p.add_argument("--steps", type=int, metavar="N", help="optimiser steps (learner.steps)")
+    p.add_argument("--steps", type=int, metavar="N", help="learner steps = weight pushes (learner.steps); each takes mini_batches × epochs optimiser steps")
     p.add_argument("--output", metavar="DIR", help="run folder (default runs/<algo>-<timestamp>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override any config key, e.g. --set loss.clip_high=0.28 (repeatable)")
