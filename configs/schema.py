@@ -269,8 +269,12 @@ class LuffyConfig(Section):
     prefix_steps: int = Field(1000, gt=0, description="steps over which linear strategies move")
     prefix_linear_max_ratio: float = Field(0.8, ge=0, le=1)
     prefix_share_across_samples: bool = False
-    estimator: Literal["grpo_split", "grpo"] = "grpo_split"
-    use_std: bool = True
+    estimator: Literal["grpo_split", "grpo"] = Field(
+        "grpo_split", description="grpo_split: group statistics from the on-policy rows only (the seed; the teacher "
+                                  "row is not part of what the policy samples); grpo: all rows, teacher included "
+                                  "(the reference script)")
+    use_std: bool = Field(True, description="divide by the group std (the seed's GRPO; the reference script uses "
+                                            "false, i.e. Dr.GRPO-style centring only)")
     alpha: float = Field(1.0, description="advantage weight on prefix (off-policy) tokens")
     beta: float = Field(1.0, description="advantage weight on other tokens")
     off_policy_reshape: str = Field("p_div_p_0.1", description="no_reshape|logp|p_logp|square_root|pow|p_div_p_<γ>")
