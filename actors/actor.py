@@ -11,7 +11,7 @@ Orchestrator usage::
 
     actor = RolloutActor(cfg, actor_id=i, model_dir=d, buffer_address=addr, prompts=train_items)
     actor.start()                               # engine up (~20 s on CPU)
-    actor.connect_weight_sync(host, port)       # join the learner's WeightSender (weightsync)
+    actor.connect_weight_sync(host, port, token)  # join the learner's WeightSender (weightsync)
     actor.start_rollouts()                      # background: credit -> sample -> score -> push
     ...  learner announces version v:  actor.apply_weight_update()   (concurrently with sender.push)
          or once:                       actor.follow_weight_updates() (applies every push itself)
@@ -103,8 +103,9 @@ class RolloutActor:
         return self._call(self.core.outbox.drain(timeout_s))
 
     # -- weights
-    def connect_weight_sync(self, host: str, port: int) -> int:
-        return self._call(self.core.connect_weight_sync(host, port))
+    def connect_weight_sync(self, host: str, port: int, token: str) -> int:
+        """Join the learner's weight-sync group, proving `token` (see `AsyncActor.connect_weight_sync`)."""
+        return self._call(self.core.connect_weight_sync(host, port, token))
 
     def apply_weight_update(self, timeout_s: float | None = None) -> int | None:
         """Load the learner's next announced weight push (see `AsyncActor.apply_weight_update`)."""

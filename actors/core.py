@@ -46,13 +46,13 @@ class AsyncActor(WeightUpdates):
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts: list[PromptItem], *,
                  num_actors: int | None = None, initial_version: int = 0, engine_spec: EngineSpec | None = None,
-                 buffer_timeout_s: float = 30.0, reward_fn=None):
+                 buffer_timeout_s: float = 30.0, reward_fn=None, secrets=None):
         self.cfg, self.actor_id = cfg, actor_id
         self.num_actors = num_actors or cfg.rollout.num_actors
         self.spec = engine_spec or EngineSpec.from_config(cfg, model_dir, actor_id)
         self.name = f"actor-{actor_id}"
         self.cursor = PromptCursor(shard(prompts, actor_id, self.num_actors), seed=cfg.seed, actor_id=actor_id)
-        self.link = BufferLink(buffer_address, self.name, buffer_timeout_s)
+        self.link = BufferLink(buffer_address, self.name, buffer_timeout_s, secrets=secrets)
         self.version = int(initial_version)
         self.learner_version: int | None = None
         self.luffy = algos.get(cfg.algo).needs_demonstrations  # LUFFY: demonstration-guided rows

@@ -15,7 +15,13 @@ Choices made here, each for a reason:
   - the weight-transfer backend of `weightsync` (our gloo engine, a vLLM plugin) is configured at
     construction, because vLLM instantiates it in the worker process when the engine starts.
   - ``enforce_eager`` defaults to True on CPU: torch.compile of the model takes minutes on a 2-core
-    machine and gains little for tiny models.
+    machine and gains little for tiny models (`rollout.engine.enforce_eager` overrides it).
+  - the KV cache (``rollout.kv_cache_gib``): on CPU ``VLLM_CPU_KVCACHE_SPACE`` (above); on GPUs vLLM's
+    ``kv_cache_memory_bytes`` per GPU, unless ``rollout.engine.gpu_memory_utilization`` is set, in which
+    case vLLM sizes the cache to fill that share of each GPU.
+  - tensor parallelism on GPUs uses vLLM's multiprocessing executor (``distributed_executor_backend="mp"``):
+    the actor's Ray bundle already holds its ``tensor_parallel_size`` GPUs (Ray sets CUDA_VISIBLE_DEVICES to
+    them) and vLLM's default inside a placement group ("ray") would ask Ray for more GPUs and wait forever.
   - chunked prefill is off on CPU: rollout requests are seeded, and vllm-cpu 0.32 kills the engine
     ("CPU Generator does not use offset") when a seeded request's prefill is split across steps
     (the worker rewinds the request's generator with `set_offset`, which CPU generators lack).
@@ -46,6 +52,10 @@ class EngineSpec:
     kv_cache_gib: float = 1.0
     weight_transfer: bool = True  # configure weightsync's transfer backend (needed for weight updates)
     cpu: bool = True  # CPU engine (vllm-cpu): no chunked prefill, see the module docstring
+    tensor_parallel_size: int = 1  # GPUs only
+    gpu_memory_utilization: float | None = None  # GPUs only; None = kv_cache_gib per GPU
+    max_num_seqs: int | None = None  # None = vLLM's default
+    enable_prefix_caching: bool | None = None  # None = vLLM's default
     extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
 
     @classmethod
@@ -53,17 +63,29 @@ class EngineSpec:
         """Engine spec of actor `actor_id` under a `configs.schema.RunConfig`.
 
         The context must hold the longest prompt plus the longest response (a LUFFY prefix is part
-        of the response budget, so it needs no extra room). Each actor gets its own seed.
+        of the response budget, so it needs no extra room). Each actor gets its own seed. The engine
+        settings come from `rollout.engine`; "auto" settings the launch has not resolved (a config used
+        directly, e.g. in a test) are decided for this process: GPUs when CUDA is available.
         """
-        r = cfg.rollout
+        r, e = cfg.rollout, cfg.rollout.engine
+        gpus = r.gpus_per_actor
+        if gpus == "auto":
+            import torch
+
+            gpus = float(e.tensor_parallel_size) if torch.cuda.is_available() else 0.0
+        cpu = gpus == 0
         spec = cls(
             model_dir=str(model_dir),
-            dtype=cfg.model.dtype,
+            dtype=cfg.model.resolved_dtype(gpu=not cpu),
             max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,
             seed=cfg.seed * 1000 + actor_id,
-            enforce_eager=r.gpus_per_actor == 0,
+            enforce_eager=cpu if e.enforce_eager is None else e.enforce_eager,
             kv_cache_gib=r.kv_cache_gib,
-            cpu=r.gpus_per_actor == 0,
+            cpu=cpu,
+            tensor_parallel_size=e.tensor_parallel_size,
+            gpu_memory_utilization=e.gpu_memory_utilization,
+            max_num_seqs=e.max_num_seqs,
+            enable_prefix_caching=e.enable_prefix_caching,
         )
         for k, v in overrides.items():
             if not hasattr(spec, k):
@@ -84,6 +106,18 @@ class EngineSpec:
         )
         if self.cpu:
             kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
+        else:
+            kw["tensor_parallel_size"] = self.tensor_parallel_size
+            if self.tensor_parallel_size > 1:
+                kw["distributed_executor_backend"] = "mp"
+            if self.gpu_memory_utilization is not None:
+                kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+            else:
+                kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+        if self.max_num_seqs is not None:
+            kw["max_num_seqs"] = self.max_num_seqs
+        if self.enable_prefix_caching is not None:
+            kw["enable_prefix_caching"] = self.enable_prefix_caching
         if self.weight_transfer:
             from weightsync.receiver import engine_args_kwargs
 

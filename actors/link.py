@@ -8,6 +8,11 @@ Why an outbox: a finished group is the product of seconds of generation. It stay
 until the buffer acknowledged it; if the buffer is unreachable (killed, restarted, network), the
 client is dropped, a new one is made (same client id) and the group is sent again. Re-sending is
 safe because the buffer deduplicates by `group_id`. Groups are sent oldest first.
+
+Authentication: the link hands the run's `RunSecrets.public()` to every client it makes, so each
+reconnect uses the same CURVE key pair. A refused handshake surfaces as `BufferDown` whose message
+names "authentication failed" (from `buffer.client.BufferAuthError`); it is retried like any outage,
+since a wrong key is a launcher bug that no retry fixes but also no reason to lose the outbox.
 """
 
 from __future__ import annotations
@@ -53,12 +58,13 @@ class BufferLink:
 
     `call(name, *args)` runs `client.<name>(*args)` on the link's thread; a transport failure drops
     the client (the next call makes a fresh one) and raises `BufferDown`. Counters: `reconnects`.
+    secrets: the run's `RunSecrets.public()` when the buffer serves CURVE; None = plain.
     """
 
-    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0):
+    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0, secrets=None):
         from buffer.client import BufferClient
 
-        self.address, self.client_id, self.timeout_s = address, client_id, timeout_s
+        self.address, self.client_id, self.timeout_s, self.secrets = address, client_id, timeout_s, secrets
         self._factory = BufferClient
         self._client = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"buffer-link-{client_id}")
@@ -69,7 +75,8 @@ class BufferLink:
     def _run(self, name: str, args: tuple):
         try:
             if self._client is None:
-                self._client = self._factory(self.address, self.client_id, timeout_s=self.timeout_s)
+                self._client = self._factory(self.address, self.client_id, timeout_s=self.timeout_s,
+                                             secrets=self.secrets)
                 self.connects += 1
             return getattr(self._client, name)(*args)
         except self._errors as e:

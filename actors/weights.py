@@ -7,7 +7,7 @@ bucketed, with deadlines) and the engine choreography (``pause_generation(mode="
 a push and keeps its own version in step: `finish_weight_update` relabels the engine, so tokens
 sampled after the resume carry the new version (`actors.rows`), and the next credit request states it.
 
-Two ways to drive it (both after `connect_weight_sync(host, port)`):
+Two ways to drive it (both after `connect_weight_sync(host, port, token)`):
   - `apply_weight_update(timeout_s)`: the orchestrator calls it when the learner announces a version
     (concurrently with the learner's `WeightSender.push`, which blocks until every actor acknowledged);
   - `follow_weight_updates()`: a background task applies every push as it is announced.
@@ -25,8 +25,9 @@ class WeightUpdates:
     receiver = None
     _follow_task: asyncio.Task | None = None
 
-    async def connect_weight_sync(self, host: str, port: int) -> int:
-        """Join the learner's weight-sync group (`weightsync.WeightSender` at host:port); returns the rank.
+    async def connect_weight_sync(self, host: str, port: int, token: str) -> int:
+        """Join the learner's weight-sync group (`weightsync.WeightSender` at host:port), proving `token`
+        (the run's `RunSecrets.weight_sync_token`; a wrong one is refused); returns the rank.
         Joining a new group (the learner rebuilt it, e.g. after an actor crashed) first stops following
         the old one (`follow_weight_updates` must be called again)."""
         from weightsync.receiver import WeightReceiver
@@ -39,8 +40,8 @@ class WeightUpdates:
             if not old.cancelled():
                 old.exception()  # the old group's end (its store closed) is expected: mark it retrieved
 
-        self.receiver = WeightReceiver(self.engine, host, port, name=self.name, initial_version=self.version,
-                                       on_update=self._loaded)
+        self.receiver = WeightReceiver(self.engine, host, port, token=token, name=self.name,
+                                       initial_version=self.version, on_update=self._loaded)
         return await self.receiver.init()
 
     def _loaded(self, version: int) -> None:
@@ -56,7 +57,7 @@ class WeightUpdates:
         -> load -> resume, by `WeightReceiver.sync_once`). Returns the new version, or None when no
         push was announced within `timeout_s`. Tokens generated after it carry the new version."""
         if self.receiver is None:
-            raise RuntimeError(f"{self.name}: apply_weight_update() before connect_weight_sync(host, port)")
+            raise RuntimeError(f"{self.name}: apply_weight_update() before connect_weight_sync()")
         if self._follow_task is not None and not self._follow_task.done():
             raise RuntimeError(f"{self.name}: follow_weight_updates() is applying pushes already")
         t0 = time.monotonic()
@@ -69,6 +70,6 @@ class WeightUpdates:
         """Apply every announced push as it comes (a background `WeightReceiver.run`), instead of
         explicit `apply_weight_update` calls."""
         if self.receiver is None:
-            raise RuntimeError(f"{self.name}: follow_weight_updates() before connect_weight_sync(host, port)")
+            raise RuntimeError(f"{self.name}: follow_weight_updates() before connect_weight_sync()")
         if self._follow_task is None or self._follow_task.done():
             self._follow_task = asyncio.create_task(self.receiver.run(), name=f"{self.name}-weights")

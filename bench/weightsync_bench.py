@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-weight-sync-token"  # the weight-sync admission token (a run generates its own per run)
 sys.path.insert(0, str(ROOT))
 
 
@@ -101,7 +102,7 @@ def engine_receiver(host: str, port: int, name: str, model: str, dtype: str) -> 
 
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=model, dtype=dtype, max_model_len=512, enforce_eager=True, **engine_args_kwargs()))
-        rx = WeightReceiver(engine, host, port, name=name)
+        rx = WeightReceiver(engine, host, port, token=TOKEN, name=name)
         await rx.init()
         stop = asyncio.Event()
         task = asyncio.create_task(rx.run(stop))
@@ -125,8 +126,12 @@ def start_receivers(kind: str, address: tuple[str, int], model_dir: str | None, 
             cmd = [sys.executable, "-m", "weightsync.plain_receiver", "--host", address[0], "--port",
                    str(address[1]), "--name", f"plain-{i}", "--pushes", "1000000"]
             stdout = subprocess.DEVNULL
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=stdout,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=stdout,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        if kind == "plain":  # the plain receiver reads the token from its first stdin line
+            proc.stdin.write(f"{TOKEN}\n".encode())
+            proc.stdin.flush()
+        procs.append(proc)
     return procs
 
 
@@ -167,7 +172,7 @@ def run_case(name: str, model, receiver_kind: str, pushes: int, bucket_mb: float
     from weightsync import WeightSender, full_named_tensors
 
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    sender = WeightSender(2, bucket_mb=bucket_mb, timeout_s=300, connect_timeout_s=600)
+    sender = WeightSender(2, token=TOKEN, bucket_mb=bucket_mb, timeout_s=300, connect_timeout_s=600)
     procs = start_receivers(receiver_kind, sender.address, model_dir, dtype)
     bare = None
     try:

@@ -15,10 +15,17 @@ Beyond the agreed API (all optional): `push_groups` / `push_and_request_credit` 
 (and the next credit request) in one round trip; `request_credit(..., wait_s)` lets the buffer hold the
 request until it can grant something instead of the actor polling; `pull_batch(..., version=v)` does
 set_version(v) and the pull in one round trip; `last_pull` holds the served groups' lags.
+
+Authentication: with `secrets=RunSecrets.public()` the socket speaks ZMQ CURVE with the run's client key
+pair and checks the buffer's server key. A buffer that refuses the handshake delivers nothing and
+answers nothing, so the call times out; the client watches its socket's handshake events and then
+raises `BufferAuthError` (a `BufferUnavailable`) naming the reason — no keys, a key that is not this
+run's, or a server key that does not match.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import threading
@@ -27,7 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from buffer.auth import HANDSHAKE_EVENTS, RunSecrets, handshake_problem
 from buffer.checks import Limits, WireError
 from buffer.records import Group
 from buffer.wire import (
@@ -41,10 +50,15 @@ from buffer.wire import (
 
 _REPLY_LIMITS = Limits(max_message_bytes=1 << 40, max_header_bytes=256 << 20, max_frames=1 << 22,
                        max_samples=1 << 20, max_tokens=1 << 30, max_list=1 << 26)
+_MONITORS = itertools.count()  # unique inproc names for the sockets' handshake monitors
 
 
 class BufferUnavailable(ConnectionError):
     """The buffer did not answer within the client's timeout."""
+
+
+class BufferAuthError(BufferUnavailable):
+    """The buffer did not answer because it refused this client's handshake (keys missing or wrong)."""
 
 
 class BufferRequestError(WireError):
@@ -65,13 +79,18 @@ class Ack:
 
 
 class BufferClient:
-    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0, *, context: zmq.Context | None = None,
-                 demo_chunk_mb: float = 8.0, max_message_mb: float = 64.0):
+    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0, *, secrets: RunSecrets | None = None,
+                 context: zmq.Context | None = None, demo_chunk_mb: float = 8.0, max_message_mb: float = 64.0):
+        """secrets: the run's `RunSecrets.public()` when the buffer serves CURVE; None = plain."""
         ident = client_id.encode()
         if not 1 <= len(ident) <= 255 or ident[0] == 0:
             raise ValueError(f"client_id {client_id!r}: must be 1-255 bytes and not start with a NUL byte")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if secrets is not None and not secrets.client_secret:
+            raise ValueError("BufferClient(secrets=...): need the run's client key pair (RunSecrets.public()), "
+                             "not the buffer's for_server() copy")
+        self._secrets = secrets
         self.address, self.client_id, self.timeout_s = address, client_id, float(timeout_s)
         self._ident = ident
         self._ctx = context or zmq.Context.instance()
@@ -80,6 +99,8 @@ class BufferClient:
         self._demo_chunk = int(demo_chunk_mb * (1 << 20))
         self._max_message = int(max_message_mb * (1 << 20))  # pushes are split to stay under the buffer's limit
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._problem: str | None = None  # the latest handshake failure (`_handshake_problem`)
         self.last_pull: dict = {}  # version, lags, dropped_stale of the latest pull_batch
         self._connect()
 
@@ -88,14 +109,40 @@ class BufferClient:
         s = self._ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.IDENTITY, self._ident)
         s.setsockopt(zmq.LINGER, 0)
+        # a DEALER blocks a send while it has no connection (e.g. its handshake was refused): bound it
+        s.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout_s * 1000)))
+        if self._secrets is not None:
+            s.setsockopt(zmq.CURVE_SERVERKEY, self._secrets.server_public)
+            s.setsockopt(zmq.CURVE_PUBLICKEY, self._secrets.client_public)
+            s.setsockopt(zmq.CURVE_SECRETKEY, self._secrets.client_secret)
+        self._monitor = s.get_monitor_socket(HANDSHAKE_EVENTS, f"inproc://buffer-client-{os.getpid()}-"
+                                                               f"{next(_MONITORS)}")
         s.connect(self.address)
         self._sock = s
 
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
+            self._sock.close(0)
+            self._sock = self._monitor = None
+
     def reconnect(self) -> None:
         """Replace the socket by a fresh one with the same client id (done automatically on timeouts)."""
-        if self._sock is not None:
-            self._sock.close(0)
+        self._close_socket()
         self._connect()
+
+    def _handshake_problem(self) -> str | None:
+        """The latest handshake failure since the latest success (None: none). It outlives reconnects:
+        a fresh socket's own refusal may not have been reported yet when its call times out."""
+        while self._monitor.poll(0):
+            event = parse_monitor_message(self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._problem = None
+            else:
+                self._problem = handshake_problem(event["event"], event["value"],
+                                                  self._secrets is not None) or self._problem
+        return self._problem
 
     def _call(self, type_: str, fields: dict | None = None, payload=(), wait_s: float | None = None):
         return self._call_many([(type_, fields, payload)], wait_s)[0]
@@ -117,8 +164,9 @@ class BufferClient:
                 while len(replies) < len(requests):
                     left = deadline - time.monotonic()
                     if left <= 0 or not self._sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
-                        raise BufferUnavailable(f"buffer at {self.address} did not answer {what!r} within "
-                                                f"{wait:.1f}s")
+                        text = f"buffer at {self.address} did not answer {what!r} within {wait:.1f}s"
+                        problem = self._handshake_problem()
+                        raise BufferAuthError(f"{text}: {problem}") if problem else BufferUnavailable(text)
                     rep = decode_reply(self._sock.recv_multipart(copy=False), _REPLY_LIMITS)
                     if rep.req == -1 and not rep.ok:  # unreadable request: blame the oldest unanswered one
                         rep.req = next(r for r in range(first, first + len(requests)) if r not in replies)
@@ -129,8 +177,10 @@ class BufferClient:
                 self.reconnect()
                 raise
             except zmq.ZMQError as e:
+                problem = self._handshake_problem()
                 self.reconnect()
-                raise BufferUnavailable(f"buffer at {self.address}: {e}") from e
+                text = f"buffer at {self.address}: {e}"
+                raise (BufferAuthError(f"{text}: {problem}") if problem else BufferUnavailable(text)) from e
             return [replies[first + k] for k in range(len(requests))]
 
     @staticmethod
@@ -277,9 +327,7 @@ class BufferClient:
 
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                self._sock.close(0)
-                self._sock = None
+            self._close_socket()
 
     def __enter__(self) -> BufferClient:
         return self

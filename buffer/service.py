@@ -11,6 +11,19 @@ identity, keeping its credits; ROUTER_MANDATORY turns a reply to a vanished clie
 batch that could not be delivered goes back to the head of the queue instead of being lost; MAXMSGSIZE
 disconnects a peer sending a single frame far above the message limit before it is buffered.
 
+Who may talk (given `RunSecrets`): the socket serves ZMQ CURVE with the run's server key pair, and a ZAP
+handler on the same loop admits only peers presenting the run's client public key. A peer that fails the
+handshake (no keys, another run's keys, plain text) never gets a message delivered nor a reply: its
+requests go unanswered. Handshakes are counted from the socket's monitor: `stats()["auth"]` holds
+`accepted` and `refused` (= refused_key: ZAP said no, + refused_protocol: no CURVE or undecryptable,
++ refused_other: dropped without detail). CURVE is used whenever secrets are given, loopback included
+(other users of a shared machine can reach loopback too); without secrets the service is plain, and it
+warns when it listens beyond loopback like that. The service owns its ZMQ context, because a ZAP handler
+answers for every socket of its context.
+
+Addresses: the socket binds `settings.bind_address` and `address` is what clients must use
+(`settings.client_address`, i.e. the node IP on a cluster — see `buffer.settings.listen_hosts`).
+
 Run it with `python -m buffer.service [--config FILE.json] ...` (see `buffer.process`) or
 `start_buffer_process(cfg)`.
 """
@@ -24,7 +37,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from buffer.auth import HANDSHAKE_EVENTS, ZAP_DOMAIN, ZAP_ENDPOINT, RunSecrets, zap_answer
 from buffer.checks import WireError
 from buffer.core import BufferCore
 from buffer.settings import BufferSettings
@@ -47,25 +62,83 @@ class _Wait:
     actor_version: int = 0
 
 
+_REFUSALS = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused_key", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "refused_protocol",
+             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "refused_other"}
+
+
+class CurveGate:
+    """CURVE on the service socket: server keys, a ZAP handler admitting only the run's client key, and
+    handshake counters. Its two sockets are polled by the service loop (`handle`); no thread of its own."""
+
+    def __init__(self, ctx: zmq.Context, sock: zmq.Socket, secrets: RunSecrets, counts, log_reject):
+        if not secrets.server_secret:
+            raise ValueError("the buffer needs the full RunSecrets (with the server's secret key), "
+                             "e.g. secrets.for_server(); got a client's public() copy")
+        self.client_public, self.counts, self.log_reject = secrets.client_public, counts, log_reject
+        # the handler must exist before the socket accepts anyone: without one libzmq would admit every key
+        self.zap = ctx.socket(zmq.REP)
+        self.zap.setsockopt(zmq.LINGER, 0)
+        self.zap.bind(ZAP_ENDPOINT)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, secrets.server_secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, secrets.server_public)
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no handler answering = refused, never admitted
+        self.monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+
+    @property
+    def sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
+        return self.zap, self.monitor
+
+    def handle(self) -> None:
+        """Answer pending ZAP requests, then count handshake outcomes. Never blocks."""
+        while self.zap.poll(0):
+            request = self.zap.recv_multipart()
+            reply, ok = zap_answer(request, self.client_public)
+            self.zap.send_multipart(reply)
+            if not ok:
+                peer = request[3].decode("ascii", "replace") if len(request) > 3 else "?"
+                self.log_reject("auth", f"refused a client at {peer}: its CURVE key is not this run's client key")
+        while self.monitor.poll(0):
+            event = parse_monitor_message(self.monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.counts["auth/accepted"] += 1
+            elif event["event"] in _REFUSALS:
+                self.counts["auth/" + _REFUSALS[event["event"]]] += 1
+                if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # that one was logged with its peer
+                    self.log_reject("auth", f"handshake failed (event {event['event']}, value {event['value']:#x}):"
+                                            f" a client without this run's CURVE keys, or plain text")
+
+    def stats(self) -> dict:
+        c = {k: self.counts["auth/" + k] for k in ("accepted", *_REFUSALS.values())}
+        return {"curve": True, "refused": sum(c[k] for k in _REFUSALS.values()), **c}
+
+    def close(self) -> None:
+        self.monitor.close(0)
+        self.zap.close(0)
+
+
 class BufferService:
-    def __init__(self, settings: BufferSettings, context: zmq.Context | None = None, parent_pid: int | None = None):
+    def __init__(self, settings: BufferSettings, parent_pid: int | None = None, secrets: RunSecrets | None = None):
         self.settings = settings
         self.core = BufferCore(settings)
         self.limits = settings.limits
         self.parent_pid = parent_pid
-        self.ctx = context or zmq.Context.instance()
+        self._logged: Counter = Counter()
+        self.ctx = zmq.Context()  # private: a ZAP handler answers for every socket of its context
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_message_bytes + (1 << 20))
+        self.gate = CurveGate(self.ctx, self.sock, secrets, self.core.counts, self._log_reject) if secrets else None
         self.sock.bind(settings.bind_address)
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bind_address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)  # tcp://0.0.0.0:PORT on a cluster
+        self.address = settings.client_address(int(self.bind_address.rsplit(":", 1)[1]))  # what clients use
         self.pending: list[_Wait] = []  # pulls, FIFO
         self.pending_credit: list[_Wait] = []
         self.running = False
         self.started = time.monotonic()
-        self._logged: Counter = Counter()
         self._handlers = {"ping": self._ping, "stats": self._stats, "credit": self._credit,
                           "release": self._release, "push": self._push, "set_version": self._set_version,
                           "pull": self._pull, "add_demos": self._add_demos, "get_demos": self._get_demos,
@@ -76,13 +149,23 @@ class BufferService:
         """Run until `stop()` (or the `stop` event is set, or the parent process is gone)."""
         self.running = True
         next_chores = 0.0
-        log.info("buffer listening on %s (K=%d, B=%d)", self.address, self.settings.max_staleness,
-                 self.settings.batch_prompts)
+        log.info("buffer listening on %s, clients use %s (%s; K=%d, B=%d)", self.bind_address, self.address,
+                 "CURVE: only this run's key" if self.gate else "plain, no authentication",
+                 self.settings.max_staleness, self.settings.batch_prompts)
+        if not self.gate and not self.bind_address.startswith("tcp://127."):
+            log.warning("buffer listens beyond loopback (%s) without authentication: anyone who can reach it "
+                        "can push training data; start it with the run's secrets", self.bind_address)
+        poller = zmq.Poller()
+        for s in (self.sock, *(self.gate.sockets if self.gate else ())):
+            poller.register(s, zmq.POLLIN)
         try:
             while self.running and not (stop is not None and stop.is_set()):
                 now = time.monotonic()
                 wait = min([0.1] + [max(0.0, p.deadline - now) for p in self.pending + self.pending_credit])
-                if self.sock.poll(int(wait * 1000) + 1):
+                ready = dict(poller.poll(int(wait * 1000) + 1))
+                if self.gate and any(s in ready for s in self.gate.sockets):
+                    self.gate.handle()
+                if self.sock in ready:
                     for _ in range(256):
                         try:
                             frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -98,7 +181,10 @@ class BufferService:
                     self.core.counts["internal_errors"] += 1
                     log.exception("internal error in the service loop")
         finally:
-            self.sock.close(0)
+            self.sock.close(0)  # before the ZAP handler: never a socket without its gate
+            if self.gate:
+                self.gate.close()
+            self.ctx.term()
 
     def stop(self) -> None:
         self.running = False
@@ -114,9 +200,9 @@ class BufferService:
         if every > 0 and time.monotonic() - getattr(self, "_last_log", self.started) >= every:
             self._last_log = time.monotonic()
             s = self.core.stats()
-            log.info("buffer v%d: %d groups stored, in %d out %d, dropped_stale %d, rejected %d, credits %d",
-                     s["version"], s["occupancy_groups"], s["groups_in"], s["groups_out"], s["dropped_stale"],
-                     s["rejected_total"], s["credits_outstanding"])
+            log.info("buffer v%d: %d groups stored, in %d out %d, dropped_stale %d, rejected %d, credits %d, "
+                     "refused handshakes %d", s["version"], s["occupancy_groups"], s["groups_in"], s["groups_out"],
+                     s["dropped_stale"], s["rejected_total"], s["credits_outstanding"], self._auth_stats()["refused"])
 
     # ---- messages --------------------------------------------------------------------------------------
     def handle(self, frames: list) -> None:
@@ -167,10 +253,13 @@ class BufferService:
     def _stats(self, ident, client, r: Request) -> None:
         s = self.core.stats()
         s.update(pending_pulls=len(self.pending), pending_credit_requests=len(self.pending_credit),
-                 uptime_s=time.monotonic() - self.started, address=self.address,
-                 max_message_mb=self.settings.max_message_mb,
+                 uptime_s=time.monotonic() - self.started, address=self.address, bind_address=self.bind_address,
+                 auth=self._auth_stats(), max_message_mb=self.settings.max_message_mb,
                  undeliverable_replies=self.core.counts["undeliverable_replies"])
         self._reply(ident, r.req, fields={"stats": s})
+
+    def _auth_stats(self) -> dict:
+        return self.gate.stats() if self.gate else {"curve": False, "refused": 0}
 
     def _credit(self, ident, client, r: Request) -> None:
         w = _Wait(ident, r.req, time.monotonic() + r.fields.get("wait_ms", 0) / 1000, client=client,
@@ -270,7 +359,8 @@ class BufferService:
 
 
 def start_buffer_process(cfg=None, batch_prompts: int | None = None, **kwargs):
-    """Start the service in a spawned process -> (multiprocessing.Process, address). See buffer.process."""
+    """Start the service in a spawned process -> (multiprocessing.Process, address clients use). See
+    buffer.process (keywords advertise_host, secrets, ...)."""
     from buffer.process import start_buffer_process as start
 
     return start(cfg, batch_prompts, **kwargs)

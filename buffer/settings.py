@@ -3,16 +3,56 @@
 The buffer may import only zmq, msgpack, numpy and the standard library, so it reads `BufferConfig`
 (and `LearnerConfig.batch_prompts`) by attribute or from a dict/JSON and keeps its own dataclass; the
 extra knobs here (credit time-to-live, wire limits, dedup window) have defaults that need no config.
+
+Where the service listens and what it tells clients are two things (`listen_hosts`): it *binds* an
+interface of its own node and *advertises* an address other nodes can reach. `host` ("auto" or an IPv4
+address, from `buffer.host`) chooses the first; `advertise_host` is not a config key but a fact the
+launcher passes in: the serving node's IP as Ray reports it when the run spans several nodes, None when
+it runs on one machine.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import asdict, dataclass, fields
 
 from buffer.checks import Limits
 
 FILTERS = ("none", "extreme", "accuracy_window")
+LOOPBACK = "127.0.0.1"  # the single-machine default: nothing outside this machine can connect
+ALL_INTERFACES = "0.0.0.0"
+
+
+def listen_hosts(host: str, advertise_host: str | None) -> tuple[str, str]:
+    """(host to bind, host clients connect to) of the buffer service.
+
+    host: `buffer.host`: "auto", or an IPv4 address (0.0.0.0 = every interface of this node).
+    advertise_host: the serving node's IP as Ray reports it when the run spans several nodes; None = one
+    machine.
+
+        host       one machine (None)        cluster (node IP N)
+        auto       127.0.0.1 -> 127.0.0.1    0.0.0.0 -> N
+        0.0.0.0    0.0.0.0   -> 127.0.0.1    0.0.0.0 -> N
+        A          A         -> A            A       -> A   (A: one interface, chosen by the user)
+        127.x.y.z  127.x.y.z -> 127.x.y.z    ValueError (other nodes cannot reach a loopback address)
+    """
+    if advertise_host is not None and (not advertise_host or any(c in advertise_host for c in ":/ ")):
+        raise ValueError(f"buffer advertise host {advertise_host!r}: need this node's IPv4 address or host name "
+                         f"(IPv6 is not supported)")
+    if host == "auto":
+        return (LOOPBACK, LOOPBACK) if advertise_host is None else (ALL_INTERFACES, advertise_host)
+    try:
+        ip = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(f"buffer.host: {host!r} is neither 'auto' nor an IPv4 address; use auto (loopback on "
+                         f"one machine, every interface on a cluster), 0.0.0.0 or one of this node's IPs") from None
+    if ip.is_unspecified:
+        return ALL_INTERFACES, advertise_host or LOOPBACK
+    if ip.is_loopback and advertise_host is not None:
+        raise ValueError(f"buffer.host: {host} listens on loopback only, but the run spans several nodes and actors "
+                         f"elsewhere could not reach it; set buffer.host: auto (or 0.0.0.0, or this node's IP)")
+    return host, host
 
 
 @dataclass
@@ -23,8 +63,9 @@ class BufferSettings:
     acc_lo: float = 0.2
     acc_hi: float = 0.8
     max_message_mb: float = 64.0
-    host: str = "127.0.0.1"
+    host: str = "auto"  # what to bind: see listen_hosts
     port: int = 0
+    advertise_host: str | None = None  # the node IP on a cluster (set by the launcher); None = one machine
     batch_prompts: int = 8  # groups the learner consumes per version (LearnerConfig.batch_prompts)
     credit_ttl_s: float = 600.0  # credits of a client silent this long are reclaimed; 0 = never
     max_samples_per_group: int = 1024
@@ -46,6 +87,10 @@ class BufferSettings:
             problems.append(f"buffer.filter: {self.filter!r} is not one of {', '.join(FILTERS)}")
         if not 0 <= self.acc_lo <= self.acc_hi <= 1:
             problems.append(f"buffer.acc_lo/acc_hi: need 0 ≤ acc_lo ≤ acc_hi ≤ 1, got {self.acc_lo}, {self.acc_hi}")
+        try:
+            listen_hosts(self.host, self.advertise_host)
+        except ValueError as e:
+            problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -56,7 +101,12 @@ class BufferSettings:
 
     @property
     def bind_address(self) -> str:
-        return f"tcp://{self.host}:{self.port or '*'}"
+        """The ZMQ endpoint to bind (port * = any free one)."""
+        return f"tcp://{listen_hosts(self.host, self.advertise_host)[0]}:{self.port or '*'}"
+
+    def client_address(self, port: int) -> str:
+        """The endpoint clients connect to, once the service is bound to `port`."""
+        return f"tcp://{listen_hosts(self.host, self.advertise_host)[1]}:{port}"
 
     @classmethod
     def from_config(cls, cfg=None, batch_prompts: int | None = None, **overrides) -> BufferSettings:

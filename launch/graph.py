@@ -27,27 +27,37 @@ from launch.progress import Progress
 
 def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     from actors.prompts import load_tokenizer
+    from buffer.auth import RunSecrets
     from buffer.process import start_buffer_process
     from launch.data import load_run_data
     from launch.model_prep import prepare_model
     from launch.placement import plan_cores
     from launch.processes import ProcessGraph
+    from launch.storage import check_shared_storage, cluster_nodes, shared_paths
 
     model_dir = prepare_model(cfg, log=progress.message)
     tokenizer = load_tokenizer(str(model_dir))
     data = load_run_data(cfg, tokenizer, run_dir, need_demos=algos.get(cfg.algo).needs_demonstrations,
                          log=progress.message)
-    buffer_proc, buffer_address = start_buffer_process(cfg)
-    graph = ProcessGraph(cfg, model_dir, buffer_address, data, log=progress.message)
+    secrets = RunSecrets.generate()  # this run's keys: handed to its processes, never written anywhere
+    cluster = cfg.ray_address is not None  # resolved at launch (launch.cluster): loopback on one machine
+    graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message)
+    buffer_proc = None
     try:
-        pin = cfg.ray_address is None and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0
+        if not cfg.serial:  # every other node sees the run folder, the model and the data, or the run stops here
+            check_shared_storage(run_dir, cluster_nodes(), shared_paths(cfg, model_dir))
+        # the buffer is the driver's child: on a cluster it listens on the driver's node and advertises its IP
+        advertise = graph.node_ip() if cluster else None
+        buffer_proc, graph.buffer_address = start_buffer_process(cfg, advertise_host=advertise, secrets=secrets)
+        progress.message(f"[graph] buffer at {graph.buffer_address} (CURVE: only this run's key pair is served)")
+        pin = not cluster and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0
         actor_cores, rank_cores = (plan_cores(cfg.rollout.num_actors, cfg.rollout.cpus_per_actor,
                                               cfg.learner.world_size, cfg.learner.cpus_per_rank)
                                    if pin else ([None] * cfg.rollout.num_actors, [None] * cfg.learner.world_size))
         if cfg.serial:  # the learner is this process: pinning it would pin the actors' loops to its cores too
             rank_cores = [None] * cfg.learner.world_size
-        graph.start_learner(rank_cores)
-        driver = Driver(cfg, graph, data, run_dir, buffer_address, progress)
+        graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
+        driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public())
         skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
         graph.start_actors(actor_cores, skip=skip, version=driver.version)
         graph.connect_weight_sync()
@@ -56,5 +66,6 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         return driver.run()
     finally:
         graph.shutdown()
-        buffer_proc.terminate()
-        buffer_proc.join(timeout=10)
+        if buffer_proc is not None:
+            buffer_proc.terminate()
+            buffer_proc.join(timeout=10)

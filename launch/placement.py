@@ -1,14 +1,20 @@
-"""CPU core placement for one machine: which cores each actor engine and each learner rank may use.
+"""Where the roles run: Ray placement groups (any run with Ray), and CPU cores (a single CPU machine).
 
-Learner ranks take whole cores from the top of the machine (ceil(cpus_per_rank) each); actors share
-the remaining cores round-robin (two 0.5-CPU actors on a 2-core box share core 0, the learner gets
-core 1). With GPUs, or when joining a Ray cluster (roles may land on other nodes), nothing is pinned.
+`Placement` reserves one Ray bundle per role before any role starts (see its docstring and
+`launch.resources` for the bundle sizes and the strategies). `plan_cores` pins on a single CPU machine
+only: learner ranks take whole cores from the top of the machine (ceil(cpus_per_rank) each); actors
+share the remaining cores round-robin (two 0.5-CPU actors on a 2-core box share core 0, the learner
+gets core 1). With GPUs, or on a joined Ray cluster (roles land on other nodes), nothing is pinned.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
+
+from launch.cluster import cluster_nodes
+from launch.resources import Plan, ResourceError
 
 
 def plan_cores(num_actors: int, cpus_per_actor: float, ranks: int, cpus_per_rank: float,
@@ -28,3 +34,62 @@ def plan_cores(num_actors: int, cpus_per_actor: float, ranks: int, cpus_per_rank
         start = (i * per_actor) % len(free) if cpus_per_actor >= 1 else int(i * cpus_per_actor) % len(free)
         actor_cores.append([free[(start + k) % len(free)] for k in range(min(per_actor, len(free)))])
     return actor_cores, rank_cores
+
+
+class Placement:
+    """The run's Ray placement groups (`launch.resources.Plan`): one for the learner ranks (STRICT_PACK
+    when one node holds them all, else PACK), one for the actors (SPREAD); every role then runs inside a
+    bundle of its group (`strategy`). `reserve` waits until Ray has placed both groups: a request Ray
+    accepts but cannot place (another job holds the resources, a node left, or Ray packs differently
+    than the check) stops the run after `timeout_s` instead of hanging in `ray.get`."""
+
+    def __init__(self, plan: Plan, timeout_s: float):
+        from ray.util.placement_group import placement_group
+
+        self.plan, self.timeout_s = plan, timeout_s
+        self.groups = {}
+        if plan.ranks:
+            self.groups["learner"] = placement_group([plan.rank_bundle.ray_resources()] * plan.ranks,
+                                                     strategy=plan.rank_strategy, name="learner")
+        if plan.actors:
+            self.groups["actors"] = placement_group([plan.actor_bundle.ray_resources()] * plan.actors,
+                                                    strategy="SPREAD", name="actors")
+
+    def reserve(self) -> None:
+        """Wait for both groups; on the deadline remove them and raise `ResourceError` with the figures."""
+        deadline = time.monotonic() + self.timeout_s
+        pending = [name for name, pg in self.groups.items()
+                   if not pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic()))]
+        if pending:
+            message = self._unplaced(pending)
+            self.remove()
+            raise ResourceError(message)
+
+    def _unplaced(self, pending: list[str]) -> str:
+        import ray
+
+        p = self.plan
+        asked = (f"{p.ranks} learner rank(s) × [{p.rank_bundle.describe()}] {p.rank_strategy}, "
+                 f"{p.actors} actor(s) × [{p.actor_bundle.describe()}] SPREAD")
+        free = ray.available_resources()
+        free_s = ", ".join(f"{k} {free.get(k, 0.0):g}" for k in ("CPU", "GPU")) or "nothing"
+        nodes = "; ".join(n.describe() for n in cluster_nodes())
+        return (f"Ray accepted the placement groups but could not place the {' and the '.join(pending)} "
+                f"within {self.timeout_s:g} s (placement_timeout_s): asked {asked}; the nodes have {nodes}; "
+                f"free in the cluster now: {free_s}. Another job may hold resources or a node may have left: "
+                "free them or lower the request (--actors N, learner.world_size), or raise "
+                "--set placement_timeout_s=S while nodes are still joining.")
+
+    def strategy(self, group: str, bundle: int = -1):
+        """Scheduling strategy that runs a role in bundle `bundle` (-1 = any free one) of `group`."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.groups[group],
+                                                placement_group_bundle_index=bundle)
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups.values():
+            remove_placement_group(pg)
+        self.groups = {}

@@ -1,8 +1,11 @@
 """`ProcessGraph`: the roles of a run (learner ranks, rollout actors) placed as Ray actors — or, with
 `--serial`, as plain objects in this process — behind one set of methods the driver calls.
 
-Ray is started here (a local cluster by default, `--ray-address` to join one); each role gets explicit
-resources (CPU shares, GPUs) from the config. A dead actor (its process gone, unresponsive, or its vLLM
+Ray is reached here (`launch.cluster.init_ray`: the cluster the launch resolved into `cfg.ray_address`,
+else a local Ray), the roles' placement groups are reserved before any role starts
+(`launch.placement.Placement`: learner ranks packed, actors spread, a deadline instead of a hang), and
+each role runs in a bundle of its group with explicit resources (CPU shares, GPUs, custom resources)
+from the resolved config. A dead actor (its process gone, unresponsive, or its vLLM
 engine dead) is found by the health check the driver runs every step and whenever a weight push fails;
 `restart_actors` replaces it with a fresh one that resumes the dead actor's prompt cursor, and the
 driver then rebuilds the weight-sync group (a failed group cannot be reused), pushes the current
@@ -44,8 +47,11 @@ class _Local:
 
 
 class ProcessGraph:
-    def __init__(self, cfg: RunConfig, model_dir: Path, buffer_address: str, data: RunData, log=print):
-        self.cfg, self.model_dir, self.buffer_address, self.data, self.log = cfg, model_dir, buffer_address, data, log
+    def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print):
+        """secrets: the run's client credentials (`RunSecrets.public()`) handed to every actor; the
+        buffer's address is set once the buffer runs (`buffer_address`)."""
+        self.cfg, self.model_dir, self.data, self.secrets, self.log = cfg, model_dir, data, secrets, log
+        self.buffer_address: str | None = None
         self.serial = cfg.serial
         self.ranks: list = []
         self.actors: list = []
@@ -55,38 +61,60 @@ class ProcessGraph:
         if not self.serial:
             import ray
 
-            if not ray.is_initialized():
-                kwargs = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
-                if cfg.ray_address:
-                    ray.init(address=cfg.ray_address, **kwargs)
-                else:
-                    ray.init(num_cpus=max(1, len(os.sched_getaffinity(0))), **kwargs)
+            from launch.cluster import cluster_nodes, init_ray
+            from launch.placement import Placement
+            from launch.resources import local_node, plan
+
+            init_ray(cfg)
             self._ray = ray
+            try:  # the nodes the launch checked: a local Ray's memory resource is only Ray's estimate
+                joined = cfg.ray_address is not None
+                p = plan(cfg, cluster_nodes() if joined else [local_node()], joined=joined)
+                self.placement = Placement(p, cfg.placement_timeout_s)
+                self.placement.reserve()
+            except Exception:
+                ray.shutdown()
+                raise
+            log(f"[graph] placement: {p.summary()}")
 
     # ------------------------------------------------------------------ helpers
+    def node_ip(self) -> str:
+        """This (the driver's) node's IP as Ray reports it: what services the driver starts advertise."""
+        return self._ray.util.get_node_ip_address()
+
     def _get(self, futures, timeout: float | None = None):
         if self.serial:
             return futures
         return self._ray.get(futures, timeout=timeout)
 
-    def _make(self, cls, *, num_cpus: float, num_gpus: float, max_concurrency: int, env: dict | None = None):
+    def _make(self, cls, *, num_cpus: float, num_gpus: float, max_concurrency: int, env: dict | None = None,
+              bundle: int = -1):
+        """Constructor of `cls` as a Ray actor in bundle `bundle` (-1 = any free one) of its placement
+        group (learner ranks: "learner", actors: "actors"), or a plain object with --serial."""
         if self.serial:
             return lambda *a, **k: _Local(cls(*a, **k))
-        opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": max_concurrency, "max_restarts": 0}
+        group, section = ("learner", self.cfg.learner) if cls is LearnerRank else ("actors", self.cfg.rollout)
+        opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": max_concurrency, "max_restarts": 0,
+                "scheduling_strategy": self.placement.strategy(group, bundle)}
+        if section.custom_resources:
+            opts["resources"] = dict(section.custom_resources)
         if env:
             opts["runtime_env"] = {"env_vars": env}
         return self._ray.remote(cls).options(**opts).remote
 
     # ------------------------------------------------------------------ learner
-    def start_learner(self, rank_cores: list) -> None:
-        from learner.distributed import free_port
-
+    def start_learner(self, rank_cores: list, *, cluster: bool, weight_sync_token: str) -> None:
+        """Create the learner ranks: rank 0 first, which picks the ranks' rendezvous on its own node
+        (its node IP when `cluster`, loopback on a single machine; see `LearnerRank`), then the others
+        with that address. They build their learners in the background (methods wait for them).
+        `weight_sync_token` (`RunSecrets.weight_sync_token`) is kept for `connect_weight_sync`."""
         lc, w = self.cfg.learner, self.cfg.learner.world_size
-        init_method = f"tcp://127.0.0.1:{free_port()}" if w > 1 else None
+        self._weight_sync_token = weight_sync_token
         make = self._make(LearnerRank, num_cpus=lc.cpus_per_rank, num_gpus=lc.gpus_per_rank, max_concurrency=2)
-        receivers = 0 if algos.get(self.cfg.algo).trains_on_demonstrations_only else self.cfg.rollout.num_actors
-        self.ranks = [make(self.cfg, r, w, str(self.model_dir), init_method, rank_cores[r], receivers)
-                      for r in range(w)]
+        first = make(self.cfg, 0, w, str(self.model_dir), rank_cores[0], cluster)
+        rendezvous = self._get(first.rendezvous.remote())
+        self.ranks = [first] + [make(self.cfg, r, w, str(self.model_dir), rank_cores[r], cluster, rendezvous)
+                                for r in range(1, w)]
 
     def step(self, groups, version: int) -> dict:
         return self._get([r.step.remote(groups, version) for r in self.ranks])[0]
@@ -118,9 +146,9 @@ class ProcessGraph:
         if self.serial:  # the engine processes inherit this process's environment
             os.environ.update(env)
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
-                          env=env)
+                          env=env, bundle=i)
         return make(self.cfg, i, str(self.model_dir), self.buffer_address, self.data.train, self.actor_cores[i],
-                    version, [list(k) for k in skip], cursor, [list(k) for k in requeue])
+                    version, [list(k) for k in skip], cursor, [list(k) for k in requeue], self.secrets)
 
     def start_actors(self, actor_cores: list, skip: list[Key], version: int = 0) -> None:
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:
@@ -133,21 +161,24 @@ class ProcessGraph:
         self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - t0:.0f}s{pids}")
 
     def connect_weight_sync(self) -> None:
-        """Every actor joins rank 0's weight-sync group and follows its pushes."""
+        """Every actor joins rank 0's weight-sync group (on rank 0's node, admitted with the run's
+        weight-sync token) and follows its pushes."""
         if not self.actors:
             return
-        host, port = self._get(self.ranks[0].reset_sender.remote(len(self.actors)))
+        token = self._weight_sync_token
+        host, port = self._get(self.ranks[0].reset_sender.remote(len(self.actors), token))
         if self.serial:  # the sender waits for every receiver: join them from their own loop threads
             import threading
 
-            threads = [threading.Thread(target=a.connect_weight_sync.remote, args=(host, port)) for a in self.actors]
+            threads = [threading.Thread(target=a.connect_weight_sync.remote, args=(host, port, token))
+                       for a in self.actors]
             for t in threads:
                 t.start()
             self.ranks[0].connect_sender.remote()
             for t in threads:
                 t.join()
         else:
-            self._get([a.connect_weight_sync.remote(host, port) for a in self.actors]
+            self._get([a.connect_weight_sync.remote(host, port, token) for a in self.actors]
                       + [self.ranks[0].connect_sender.remote()])
         self._get([a.follow_weight_updates.remote() for a in self.actors])
 

@@ -4,12 +4,29 @@ Both are plain classes (Ray-free, so `--serial` uses them directly); `launch.gra
 `ray.remote` and the resources of the config. CPU placement: on a CPU machine each role is pinned to
 the cores `launch.placement` chose for it (`VLLM_CPU_OMP_THREADS_BIND` for engines, sched_setaffinity +
 torch threads for learner ranks), so actors and learner do not fight over the same cores.
+
+Addresses: the services of a learner rank (rank 0's process-group store, the weight-sync sender) are
+chosen in the rank's own process, on its own node (`node_host`), and advertised from there.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
+
+
+def node_host(cluster: bool) -> str:
+    """The address a service of this process binds and advertises: this node's IP as Ray reports it
+    when the run spans a cluster (`cluster`: the launcher's decision), loopback on a single machine."""
+    if not cluster:
+        from learner.distributed import LOOPBACK
+
+        return LOOPBACK
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def pin_to_cores(cores: list[int] | None) -> None:
@@ -23,35 +40,62 @@ def pin_to_cores(cores: list[int] | None) -> None:
 
 
 class LearnerRank:
-    """One FSDP rank (`learner.Learner`); rank 0 also owns the weight-sync sender."""
+    """One FSDP rank (`learner.Learner`); rank 0 also owns the weight-sync sender.
 
-    def __init__(self, cfg, rank: int, world_size: int, model_dir: str, init_method: str,
-                 cores: list[int] | None = None, num_receivers: int = 0):
+    Rendezvous of the ranks: rank 0 is created first and picks the process group's address on its own
+    node, `tcp://<node_host(cluster)>:<a port free there>` (`rendezvous()` returns it); the other ranks
+    are created with it (`rendezvous`). MASTER_ADDR/MASTER_PORT are set to the same address. The
+    `Learner` is built on a background thread, since rank 0's `init_process_group` waits for the
+    others, which exist only once rank 0 has answered `rendezvous()`; every method waits for the
+    build and raises its error. A world of one rank needs no rendezvous (a private loopback store).
+    Interfaces: see `learner.distributed.init_distributed` (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME).
+    """
+
+    def __init__(self, cfg, rank: int, world_size: int, model_dir: str, cores: list[int] | None = None,
+                 cluster: bool = False, rendezvous: str | None = None):
         pin_to_cores(cores)
         import transformers
 
         transformers.utils.logging.disable_progress_bar()  # its weight-loading bar would clobber the progress line
+        from learner.distributed import free_port
         from learner.learner import Learner
 
-        self.cfg, self.rank = cfg, rank
-        self.learner = Learner(cfg, rank=rank, world_size=world_size, model_dir=model_dir, init_method=init_method)
+        if rank == 0 and world_size > 1:
+            host = node_host(cluster)
+            rendezvous = f"tcp://{host}:{free_port(host)}"
+        elif rank > 0 and rendezvous is None:
+            raise ValueError(f"learner rank {rank} needs the rendezvous address rank 0 chose")
+        if rendezvous is not None:
+            url = urlsplit(rendezvous)
+            os.environ.update({"MASTER_ADDR": url.hostname, "MASTER_PORT": str(url.port)})
+        self.cfg, self.rank, self.cluster, self._rendezvous = cfg, rank, cluster, rendezvous
         self.sender = None
-        if rank == 0 and num_receivers:
-            self.reset_sender(num_receivers)
+        build = ThreadPoolExecutor(1, thread_name_prefix=f"learner-rank-{rank}")
+        self._built = build.submit(Learner, cfg, rank=rank, world_size=world_size, model_dir=model_dir,
+                                   init_method=rendezvous)
+        build.shutdown(wait=False)
 
-    def reset_sender(self, num_receivers: int) -> tuple[str, int]:
-        """(Re)create the weight-sync group for `num_receivers` actors; returns its address."""
+    def rendezvous(self) -> str | None:
+        """`tcp://host:port` of the ranks' process group, chosen by rank 0 (None for a world of one)."""
+        return self._rendezvous
+
+    @property
+    def learner(self):
+        """The built `Learner` (waits for the build; raises its error)."""
+        return self._built.result()
+
+    def reset_sender(self, num_receivers: int, token: str) -> tuple[str, int]:
+        """(Re)create the weight-sync group for `num_receivers` actors, admitting only peers that prove
+        `token` (the run's `RunSecrets.weight_sync_token`); returns its address, on this node
+        (`node_host`). Waits for the learner first: a failed build surfaces here, not at the first push."""
         from weightsync.sender import WeightSender
 
+        self._built.result()
         if self.sender is not None:
             self.sender.close()
         ws = self.cfg.weight_sync
-        host = "127.0.0.1"
-        if self.cfg.ray_address is not None:  # actors may sit on other nodes
-            import ray
-
-            host = ray.util.get_node_ip_address()
-        self.sender = WeightSender(num_receivers, host=host, port=0, bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s)
+        self.sender = WeightSender(num_receivers, host=node_host(self.cluster), port=0, token=token,
+                                   bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s)
         return self.sender.address
 
     def connect_sender(self) -> None:
@@ -91,16 +135,21 @@ class ActorRole:
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts, cores: list[int] | None,
                  initial_version: int = 0, skip: list | None = None, cursor: dict | None = None,
-                 requeue: list | None = None):
+                 requeue: list | None = None, secrets=None):
         """skip: (epoch, prompt) pairs never to generate (trained, or held by the buffer); cursor and
-        requeue: where a crashed predecessor's shard resumes (`actors.prompts` module docstring)."""
+        requeue: where a crashed predecessor's shard resumes (`actors.prompts` module docstring);
+        secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
         if cores:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.rollout.kv_cache_gib))))
+        if cfg.ray_address is not None:  # the engine's own processes talk over this node's address
+            import ray
+
+            os.environ.setdefault("VLLM_HOST_IP", ray.util.get_node_ip_address())
         from actors.actor import RolloutActor
 
         self.actor = RolloutActor(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,
-                                  prompts=prompts, initial_version=initial_version)
+                                  prompts=prompts, initial_version=initial_version, secrets=secrets)
         c = self.actor.core.cursor
         if skip:
             c.skip(skip)
@@ -113,8 +162,9 @@ class ActorRole:
         self.actor.start()
         return os.getpid()
 
-    def connect_weight_sync(self, host: str, port: int) -> int:
-        return self.actor.connect_weight_sync(host, port)
+    def connect_weight_sync(self, host: str, port: int, token: str) -> int:
+        """Join the learner's weight-sync group at host:port, proving `token` (`RunSecrets.weight_sync_token`)."""
+        return self.actor.connect_weight_sync(host, port, token)
 
     def follow_weight_updates(self) -> None:
         self.actor.follow_weight_updates()

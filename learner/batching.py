@@ -253,7 +253,7 @@ def pad_rows(rows: list[Row], indices: list[int], field: str, width: int, dtype:
     out = torch.full((len(indices), width), fill, dtype=dtype)
     for b, i in enumerate(indices):
         v = getattr(rows[i], field)
-        out[b, :len(v)] = torch.from_numpy(np.asarray(v)).to(dtype)
+        out[b, :len(v)] = torch.tensor(np.asarray(v), dtype=dtype)  # a copy: wire arrays are read-only
     return out.to(device)
 
 

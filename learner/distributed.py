@@ -1,7 +1,8 @@
 """Process-group setup and the few collectives the learner needs besides FSDP's own.
 
 - `init_distributed`: gloo on CPU, NCCL on GPU; a world of one gets a private TCP store on a free
-  port, so a single process needs no launcher.
+  port, so a single process needs no launcher. Several ranks meet at the address rank 0 chose on
+  its own node (`free_port` on the host it advertises; see `launch.roles.LearnerRank`).
 - `gather_rows`: every rank computes model outputs (π_prox, reference, PRM) for its own rows only;
   the advantage needs them for the whole step, so they are all-gathered into the global row order.
 - `reduce_weighted`: metrics of micro-batches on all ranks → one weighted mean per key.
@@ -16,10 +17,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+LOOPBACK = "127.0.0.1"  # the single-machine default rendezvous host
 
-def free_port() -> int:
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on `host` (an IPv4 address of this node, the one the service will bind) right now;
+    the caller binds it next, so call this on the node that serves."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -35,8 +40,14 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
                      timeout_s: float = 600.0) -> None:
     """Initialise the default process group (no-op when one exists with the same size).
 
-    init_method: e.g. "tcp://host:port"; default: env:// when MASTER_ADDR is set, else (world of one
-    only) a private store on a free local port.
+    init_method: e.g. "tcp://host:port" (rank 0 hosts the store there, the others connect); default:
+    env:// when MASTER_ADDR is set, else (world of one only) a private store on a free local port.
+
+    Interfaces: gloo binds the address the node's hostname resolves to, which on many hosts is
+    loopback (Debian's 127.0.1.1), so ranks on different nodes cannot reach each other; set
+    GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL) to the interface of the nodes' network on every
+    node (in the environment `ray start` runs in). A value set by the user is respected, never
+    overridden.
     """
     if dist.is_initialized():
         if dist.get_world_size() != world_size or dist.get_rank() != rank:
@@ -47,7 +58,7 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
         if "MASTER_ADDR" in os.environ:
             init_method = "env://"
         elif world_size == 1:
-            init_method = f"tcp://127.0.0.1:{free_port()}"
+            init_method = f"tcp://{LOOPBACK}:{free_port()}"
         else:
             raise RuntimeError("world_size > 1 needs MASTER_ADDR/MASTER_PORT or an init_method "
                                "(use learner.launch.spawn_ranks to start the ranks)")

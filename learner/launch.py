@@ -1,7 +1,7 @@
 """Starting N learner ranks as local processes (torch.multiprocessing, spawn), without Ray.
 
 - `spawn_ranks(fn, world_size, *args)`: run `fn(rank, world_size, *args)` in N fresh processes that
-  share a process group (MASTER_ADDR/PORT set), collect the return values; if one rank fails, the
+  share a process group (MASTER_ADDR/PORT set: loopback, these are processes of this machine), collect the return values; if one rank fails, the
   others are killed and the first error is raised here with its traceback.
 - `LearnerGroup`: N long-lived ranks, each holding a `Learner`, driven from this process:
   `step(groups, version)`, `save(path, extra_state)`, `load(path)`, and `call(fn, *args)` to run any
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from learner.distributed import free_port
+from learner.distributed import LOOPBACK, free_port
 
 
 def _env(rank: int, world_size: int, port: int) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+    os.environ.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
     import torch
 

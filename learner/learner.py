@@ -61,7 +61,8 @@ class Learner:
         init_distributed(rank, self.world_size, self.device, init_method)
         torch.manual_seed(cfg.learner.seed)
         self.mesh = make_mesh(self.device, self.world_size)
-        self.compute_dtype = DTYPES[cfg.model.dtype]
+        self.dtype = cfg.model.resolved_dtype(gpu=self.device.type == "cuda")  # auto: the launch resolves it first
+        self.compute_dtype = DTYPES[self.dtype]
         r = cfg.rollout  # the actors' sampling distribution (SFT-only specs: the plain model distribution)
         self.sampling = dict(temperature=1.0, top_p=1.0, top_k=0) if self.spec.trains_on_demonstrations_only else \
             dict(temperature=float(r.temperature), top_p=float(r.top_p), top_k=int(r.top_k))
@@ -103,7 +104,7 @@ class Learner:
         token outside their nucleus would otherwise get the −30 floor and a spurious KL or implicit reward."""
         lc, s = self.cfg.learner, self.sampling
         sampling = s if truncate else dict(s, top_p=1.0, top_k=0)
-        return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.cfg.model.dtype,
+        return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.dtype,
                             trainable=trainable, **sampling, chunk_tokens=lc.logprob_chunk_tokens,
                             activation_checkpointing=activation_checkpointing, shard=self.fsdp)
 

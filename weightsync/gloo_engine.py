@@ -37,9 +37,11 @@ from weightsync.protocol import (
     WeightSyncError,
     abort_probe,
     connect_store,
+    group_store,
     iter_buckets,
     key_progress,
     key_worker,
+    local_address_toward,
     new_gloo_group,
     process_info,
     set_json,
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     host: str
     port: int
+    prefix: str  # the group's secret key prefix (protocol.group_prefix), given to admitted receivers
     rank: int
     world_size: int
     timeout_s: float = 60.0
@@ -98,10 +101,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             raise NotImplementedError("the gloo weight-transfer engine supports one worker per engine (TP=PP=1)")
         self.shutdown()
         self._info = init_info
-        self._store = connect_store(init_info.host, init_info.port, init_info.connect_timeout_s)
+        self._store = group_store(connect_store(init_info.host, init_info.port, init_info.connect_timeout_s),
+                                  init_info.prefix)
         set_json(self._store, key_worker(init_info.rank), process_info(init_info.name))
-        self._heartbeat = Heartbeat(init_info.host, init_info.port, init_info.rank)
+        self._heartbeat = Heartbeat(init_info.host, init_info.port, init_info.rank, init_info.prefix)
         self._pg = new_gloo_group(self._store, init_info.rank, init_info.world_size, init_info.timeout_s,
+                                  local_host=local_address_toward(init_info.host, init_info.port),
                                   connect_timeout_s=init_info.connect_timeout_s)
         logger.info("gloo weight transfer: rank %d/%d joined %s:%d", init_info.rank, init_info.world_size,
                     init_info.host, init_info.port)

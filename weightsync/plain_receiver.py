@@ -5,7 +5,9 @@ are cheap to start (no engine), e.g. for a 0.5B model on a 2-core box where two 
 learner do not fit, and in fast tests that kill or freeze a receiver mid-push. The received tensors
 are copied into a persistent ``{name: tensor}`` dict, which stands in for ``model.load_weights``.
 
-Run as a process: ``python -m weightsync.plain_receiver --host H --port P --name N [--pushes K]``.
+Run as a process: ``python -m weightsync.plain_receiver --host H --port P --name N [--pushes K]``,
+with the run's weight-sync token on the first line of stdin (never on the command line, where every
+user of the machine could read it).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from weightsync.protocol import (
     Heartbeat,
     WeightSyncError,
     abort_probe,
-    connect_store,
     get_json,
     iter_buckets,
+    join_group,
     key_ack,
     key_nack,
     key_progress,
     key_push,
     key_rank,
     key_worker,
+    local_address_toward,
     new_gloo_group,
     process_info,
     set_json,
@@ -39,8 +42,9 @@ from weightsync.protocol import (
 
 
 class PlainReceiver:
-    def __init__(self, host: str, port: int, *, name: str, checksum: bool = False):
+    def __init__(self, host: str, port: int, *, token: str, name: str, checksum: bool = False):
         self.host, self.port, self.name = host, int(port), name
+        self.token = token
         self.checksum = checksum
         self.weights: dict[str, torch.Tensor] = {}
         self.version: int | None = None
@@ -48,17 +52,14 @@ class PlainReceiver:
         self._seq = 0
 
     def init(self) -> int:
-        store = connect_store(self.host, self.port, 300.0)
-        cfg = get_json(store, "config")
-        world = int(cfg["world_size"])
-        rank = store.add("rank_counter", 1)
-        if rank >= world:
-            raise WeightSyncError(f"{self.name}: all {world - 1} receiver ranks are taken")
+        """Get admitted (raises ``WeightSyncError`` when refused) and join the gloo group; returns the rank."""
+        store, cfg, rank, prefix = join_group(self.host, self.port, self.token, self.name)
         set_json(store, key_rank(rank), process_info(self.name))
         set_json(store, key_worker(rank), process_info(self.name))
         self.timeout_s = float(cfg["timeout_s"])
-        self._heartbeat = Heartbeat(self.host, self.port, rank)
-        self._pg = new_gloo_group(store, rank, world, self.timeout_s,
+        self._heartbeat = Heartbeat(self.host, self.port, rank, prefix)
+        self._pg = new_gloo_group(store, rank, int(cfg["world_size"]), self.timeout_s,
+                                  local_host=local_address_toward(self.host, self.port),
                                   connect_timeout_s=float(cfg["connect_timeout_s"]))
         store.set_timeout(timedelta(seconds=self.timeout_s))
         self._store, self.rank = store, rank
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pushes", type=int, default=1, help="pushes to apply before exiting")
     ap.add_argument("--checksum", action="store_true", help="report the sum of received values in acks")
     args = ap.parse_args(argv)
-    rx = PlainReceiver(args.host, args.port, name=args.name, checksum=args.checksum)
+    token = sys.stdin.readline().strip()
+    rx = PlainReceiver(args.host, args.port, token=token, name=args.name, checksum=args.checksum)
     rx.init()
     for _ in range(args.pushes):
         rx.wait_for_push()

@@ -4,10 +4,17 @@ Why a separate module: the learner must not import vllm, while the receiving end
 vLLM worker. Both ends need the same rendezvous keys, the same gloo group construction and the same
 bucket framing, so those live here and nothing here imports vllm.
 
-Control plane: a ``torch.distributed.TCPStore`` hosted by the sender at ``(host, port)``.
-  config                      JSON {world_size, timeout_s, connect_timeout_s}: the sender's settings,
-                              which every receiver adopts (world_size counts the sender as rank 0)
-  rank_counter                receivers draw ranks 1..N from it with ``add``
+Control plane: a ``torch.distributed.TCPStore`` hosted by the sender at ``(host, port)``. A TCPStore
+has no access control and listens on every interface, so the keys come in two namespaces.
+Public keys (anyone who reaches the port may read and write them):
+  config                      JSON {world_size, timeout_s, connect_timeout_s, nonce}: the sender's
+                              settings, which every receiver adopts (world_size counts the sender as
+                              rank 0); ``nonce`` is fresh for every sender
+  tickets                     a peer draws ticket t with ``add``
+  hello/<t>                   JSON {name, pid, host, proof}: ``proof`` = ``admission_proof(token, nonce, t)``
+  admit/<t>                   the sender's verdict: JSON {rank} (1..N), or {error} for a refused peer
+Group keys, under the secret prefix ``group_prefix(token, nonce)`` (the store cannot list keys, so
+only a holder of the run's weight-sync token knows where they are):
   rank/<r>                    JSON {name, pid, host} of receiver r's actor process (the helper)
   worker/<r>                  JSON {name, pid, host} of the vLLM worker process that holds rank r
   hb/<r>                      heartbeat counter bumped by the process that holds rank r's gloo group
@@ -16,17 +23,28 @@ Control plane: a ``torch.distributed.TCPStore`` hosted by the sender at ``(host,
   ack/<k>/<r>, nack/<k>/<r>   JSON outcome of push k on rank r (loaded version, or the error)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
-Data plane: a gloo process group of ``world_size`` ranks built over a ``PrefixStore`` of that store
-(independent of any default process group, so it coexists with FSDP's and vLLM's own groups).
+Data plane: a gloo process group of ``world_size`` ranks built over a ``PrefixStore`` of the group
+keys (independent of any default process group, so it coexists with FSDP's and vLLM's own groups).
 Every collective gets an explicit timeout; gloo raises when it expires (checked on this stack for a
 peer killed with SIGKILL and one frozen with SIGSTOP mid-broadcast).
+
+Who may join: the sender admits a peer only if its proof matches (HMAC-SHA256 with the run's
+``RunSecrets.weight_sync_token``, bound to this sender's nonce and the peer's ticket, so a proof read
+off the store is worth nothing to anyone else), and never more than N. A stranger without the token
+is refused and counted; it can delay the rendezvous by writing public keys, but it cannot take a
+seat, find the group keys, join the gloo group, receive weights, announce pushes or forge acks. The
+bytes themselves travel unencrypted (like NCCL's): the network between the nodes must be trusted
+against eavesdroppers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -42,6 +60,8 @@ BACKEND_NAME = "gloo"  # the name our vLLM weight-transfer engine is registered 
 GLOO_PREFIX = "weightsync/gloo"
 ABORTED_BY_SENDER = "sender aborted the push"  # receivers' error text when the sender gave up first
 HEARTBEAT_PERIOD_S = 0.25
+LOOPBACK = "127.0.0.1"  # the single-machine default address of the sender
+TICKETS = "tickets"
 
 
 class WeightSyncError(RuntimeError):
@@ -50,6 +70,14 @@ class WeightSyncError(RuntimeError):
     def __init__(self, message: str, *, failed_ranks: dict[int, str] | None = None):
         super().__init__(message)
         self.failed_ranks = dict(failed_ranks or {})
+
+
+def key_hello(ticket: int) -> str:
+    return f"hello/{ticket}"
+
+
+def key_admit(ticket: int) -> str:
+    return f"admit/{ticket}"
 
 
 def key_rank(rank: int) -> str:
@@ -101,16 +129,88 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float,
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def _mac(token: str, message: str) -> str:
+    return hmac.new(token.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def admission_proof(token: str, nonce: str, ticket: int) -> str:
+    """Hex HMAC-SHA256(token, "hello/<nonce>/<ticket>"): what a receiver writes into ``hello/<ticket>``."""
+    return _mac(token, f"hello/{nonce}/{ticket}")
+
+
+def proof_matches(token: str, nonce: str, ticket: int, claimed: object) -> bool:
+    """Constant-time check of a peer's claimed proof (any type: a stranger writes what it likes)."""
+    return hmac.compare_digest(str(claimed).encode(), admission_proof(token, nonce, ticket).encode())
+
+
+def group_prefix(token: str, nonce: str) -> str:
+    """Secret namespace of one sender's group keys: "group/" + hex HMAC-SHA256(token, "group/<nonce>")."""
+    return "group/" + _mac(token, f"group/{nonce}")
+
+
+def group_store(root: dist.Store, prefix: str) -> dist.PrefixStore:
+    return dist.PrefixStore(prefix, root)
+
+
+def join_group(host: str, port: int, token: str, name: str,
+               timeout_s: float = 300.0) -> tuple[dist.PrefixStore, dict, int, str]:
+    """Receiver side of the admission: draw a ticket, prove the token, wait for the sender's verdict
+    (up to its ``connect_timeout_s``; the sender answers while it connects or pushes).
+
+    Returns ``(group store, sender config, rank, group prefix)``; raises ``WeightSyncError`` when the
+    sender refused this peer (wrong token, all seats taken) or never answered."""
+    root = connect_store(host, port, timeout_s)
+    cfg = get_json(root, "config")
+    ticket = root.add(TICKETS, 1)
+    set_json(root, key_hello(ticket), {**process_info(name),
+                                       "proof": admission_proof(token, cfg["nonce"], ticket)})
+    try:
+        root.wait([key_admit(ticket)], timedelta(seconds=float(cfg["connect_timeout_s"])))
+    except dist.DistStoreError as e:
+        raise WeightSyncError(f"{name}: the weight-sync sender at {host}:{port} did not admit us within "
+                              f"{float(cfg['connect_timeout_s']):.0f} s") from e
+    verdict = get_json(root, key_admit(ticket))
+    if "rank" not in verdict:
+        raise WeightSyncError(f"{name}: the weight-sync sender at {host}:{port} refused us: "
+                              f"{verdict.get('error', verdict)}")
+    prefix = group_prefix(token, cfg["nonce"])
+    return group_store(root, prefix), cfg, int(verdict["rank"]), prefix
+
+
+def local_address_toward(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (connecting a UDP socket sends nothing)."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
+
+
+def gloo_devices(local_host: str) -> list:
+    """What this rank's gloo transport binds: the interfaces named in ``GLOO_SOCKET_IFNAME``
+    (comma-separated) when the user set it, else the address ``local_host``: the sender's advertised
+    host, a receiver's ``local_address_toward`` the sender (never the hostname's address, which on
+    many hosts resolves to loopback, so that remote peers would dial their own loopback)."""
+    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if names:
+        return [dist.ProcessGroupGloo.create_device(interface=n) for n in names]
+    return [dist.ProcessGroupGloo.create_device(hostname=local_host)]
+
+
+def new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float, *, local_host: str,
                    connect_timeout_s: float | None = None) -> dist.ProcessGroupGloo:
-    """A standalone gloo group (blocks until all ``world_size`` ranks connected). ``timeout_s`` is
-    the group's default deadline for collectives; the rendezvous itself waits on the store, whose
-    timeout is set to ``connect_timeout_s`` for the duration. gloo picks the interface from the
-    hostname like torch does (``GLOO_SOCKET_IFNAME`` overrides)."""
+    """A standalone gloo group (blocks until all ``world_size`` ranks connected) on ``gloo_devices(local_host)``.
+    ``timeout_s`` is the group's default deadline for collectives; the rendezvous itself waits on
+    the store, whose timeout is set to ``connect_timeout_s`` for the duration."""
     if connect_timeout_s is not None:
         store.set_timeout(timedelta(seconds=connect_timeout_s))
-    return dist.ProcessGroupGloo(dist.PrefixStore(GLOO_PREFIX, store), rank, world_size,
-                                 timedelta(seconds=timeout_s))
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = gloo_devices(local_host)
+    opts._timeout = timedelta(seconds=timeout_s)
+    return dist.ProcessGroupGloo(dist.PrefixStore(GLOO_PREFIX, store), rank, world_size, opts)
 
 
 def _bcast(pg: dist.ProcessGroupGloo, t: torch.Tensor, timeout: timedelta) -> None:
@@ -213,11 +313,12 @@ def abort_probe(store: dist.Store, seq: int) -> Callable[[], str | None]:
 
 
 class Heartbeat:
-    """Bumps ``hb/<rank>`` every ``period_s`` from a daemon thread so the sender can tell a dead
-    receiver (counter frozen) from a slow one. Runs in the process that owns the gloo rank."""
+    """Bumps ``hb/<rank>`` (a group key, under ``prefix``) every ``period_s`` from a daemon thread so
+    the sender can tell a dead receiver (counter frozen) from a slow one. Runs in the process that
+    owns the gloo rank."""
 
-    def __init__(self, host: str, port: int, rank: int, period_s: float = HEARTBEAT_PERIOD_S):
-        self._store = connect_store(host, port, timeout_s=30)
+    def __init__(self, host: str, port: int, rank: int, prefix: str, period_s: float = HEARTBEAT_PERIOD_S):
+        self._store = group_store(connect_store(host, port, timeout_s=30), prefix)
         self._key = key_heartbeat(rank)
         self._period = period_s
         self._stop = threading.Event()

@@ -15,8 +15,8 @@ The engine must be built with ``weight_transfer_config=WeightTransferConfig(back
 
 Usage inside an actor process::
 
-    rx = WeightReceiver(engine, host, port, name="actor-3", initial_version=0)
-    await rx.init()                                   # joins the learner's transfer group
+    rx = WeightReceiver(engine, host, port, token=token, name="actor-3", initial_version=0)
+    await rx.init()                                   # admitted with the token, joins the group
     asyncio.create_task(rx.run())                     # applies every push as it is announced
     ... stamp generated tokens with rx.version ...
 """
@@ -34,8 +34,8 @@ import torch.distributed as dist
 from weightsync.protocol import (
     BACKEND_NAME,
     WeightSyncError,
-    connect_store,
     get_json,
+    join_group,
     key_ack,
     key_nack,
     key_push,
@@ -60,13 +60,16 @@ class WeightReceiver:
     ``clear_cache=True`` (default) drops the KV/prefix cache when pausing: kept requests are then
     recomputed with the new weights on resume, and no new request reuses a prefix computed with the
     old ones. ``version`` is the version the engine serves, ``None`` after a failed push (the
-    model may then mix two versions until the next successful one).
+    model may then mix two versions until the next successful one). ``token`` is the run's
+    weight-sync token (``RunSecrets.weight_sync_token``), which the sender checks before admitting
+    this receiver; the vLLM worker gets only the group's derived key prefix, never the token.
     """
 
-    def __init__(self, engine, host: str, port: int, *, name: str, initial_version: int | None = 0,
+    def __init__(self, engine, host: str, port: int, *, token: str, name: str, initial_version: int | None = 0,
                  clear_cache: bool = True, on_update: Callable[[int], Awaitable[None] | None] | None = None):
         self.engine = engine
         self.host, self.port = host, int(port)
+        self.token = token
         self.name = name
         self.version: int | None = initial_version
         self.clear_cache = clear_cache
@@ -78,7 +81,8 @@ class WeightReceiver:
         self._config: dict = {}
 
     async def init(self, host: str | None = None, port: int | None = None) -> int:
-        """Register with the learner's store and join the transfer group; returns this rank.
+        """Get admitted by the learner's sender (``WeightSyncError`` when refused) and join the
+        transfer group; returns this rank.
 
         After a failed push the old group is unusable: the learner starts a new ``WeightSender`` and
         every surviving actor calls ``init(new_host, new_port)`` again (stop ``run`` first)."""
@@ -89,18 +93,14 @@ class WeightReceiver:
         if port is not None:
             self.port = int(port)
         self._seq = 0
-        store = await asyncio.to_thread(connect_store, self.host, self.port, 300.0)
-        self._config = await asyncio.to_thread(get_json, store, "config")
+        store, self._config, rank, prefix = await asyncio.to_thread(join_group, self.host, self.port,
+                                                                    self.token, self.name)
         world = int(self._config["world_size"])
-        rank = await asyncio.to_thread(store.add, "rank_counter", 1)
-        if rank >= world:
-            raise WeightSyncError(f"{self.name}: sender at {self.host}:{self.port} expects {world - 1} "
-                                  f"receivers and all ranks are taken")
         await asyncio.to_thread(set_json, store, key_rank(rank), process_info(self.name))
         store.set_timeout(timedelta(seconds=float(self._config["timeout_s"])))
         self._store, self.rank = store, rank
         await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info={
-            "host": self.host, "port": self.port, "rank": rank, "world_size": world,
+            "host": self.host, "port": self.port, "prefix": prefix, "rank": rank, "world_size": world,
             "timeout_s": float(self._config["timeout_s"]),
             "connect_timeout_s": float(self._config["connect_timeout_s"]), "name": self.name,
         }))

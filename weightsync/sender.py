@@ -12,11 +12,13 @@ Why it looks like this:
   failure the group is unusable: make a new ``WeightSender`` (and have the survivors re-init).
 - ``push`` returns only after every receiver acknowledged the version its engine now reports, so the
   learner knows exactly which version each engine holds.
+- Only peers that prove the run's weight-sync token are admitted (``weightsync.protocol``: who may
+  join); the others are refused and counted in ``refused`` (reported by every push).
 
 Usage (learner, all FSDP ranks iterate the gather; only rank 0 owns a sender)::
 
-    sender = WeightSender(num_receivers=len(actors), host=my_ip, port=0)   # rank 0
-    ... hand sender.address to the actors, they call WeightReceiver.init() ...
+    sender = WeightSender(num_receivers=len(actors), host=my_ip, port=0, token=secrets.weight_sync_token)
+    ... hand sender.address and the token to the actors, they call WeightReceiver.init() ...
     stats = sender.push(full_named_tensors(model), version=step)           # rank 0
     drain(full_named_tensors(model))                                       # other ranks
 """
@@ -24,6 +26,7 @@ Usage (learner, all FSDP ranks iterate the gather; only rank 0 owns a sender)::
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -37,21 +40,31 @@ from weightsync.packing import Bucket, pack_buckets
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
     HEARTBEAT_PERIOD_S,
+    LOOPBACK,
+    TICKETS,
     WeightSyncError,
     describe_receiver,
     get_json,
+    group_prefix,
+    group_store,
     key_abort,
     key_ack,
+    key_admit,
+    key_hello,
     key_nack,
     key_progress,
     key_push,
     key_rank,
     key_worker,
     new_gloo_group,
+    new_nonce,
+    proof_matches,
     send_bucket,
     set_json,
     stalled_heartbeats,
 )
+
+logger = logging.getLogger(__name__)
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
 
@@ -80,8 +93,12 @@ def drain(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
 class WeightSender:
     """Broadcasts weights to ``num_receivers`` vLLM engines over a gloo group rooted here (rank 0).
 
-    ``host`` is the address receivers connect to; the store listens on all interfaces. ``port=0``
-    picks a free port (read it back from ``address``). ``timeout_s`` is the deadline of every
+    ``host`` is the address receivers connect to and the one this end of the gloo group binds
+    (``GLOO_SOCKET_IFNAME`` overrides the latter): this node's IP on a cluster, loopback (the
+    default) on a single machine. The store itself listens on every interface, whatever ``host`` is,
+    which is why ``token`` (the run's ``RunSecrets.weight_sync_token``) must be proven by every peer
+    before it gets a seat. ``port=0`` picks a free port (read it back from ``address``).
+    ``timeout_s`` is the deadline of every
     collective and of the acknowledgements; it must also exceed the longest pause between two
     buckets (e.g. the FSDP gather of one bucket's worth of parameters), since receivers wait in a
     collective meanwhile.
@@ -90,9 +107,10 @@ class WeightSender:
     def __init__(
         self,
         num_receivers: int,
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int = 0,
         *,
+        token: str,
         bucket_mb: float = 256.0,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 300.0,
@@ -100,16 +118,24 @@ class WeightSender:
     ):
         if num_receivers < 1:
             raise ValueError(f"num_receivers must be >= 1, got {num_receivers}")
+        if not token:
+            raise ValueError("WeightSender needs the run's weight-sync token (RunSecrets.weight_sync_token)")
         self.num_receivers = num_receivers
         self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.cast_dtype = cast_dtype
-        self._store = dist.TCPStore(host, port, None, True, timeout=timedelta(seconds=connect_timeout_s),
-                                    wait_for_workers=False)
-        self.address = (host, self._store.port)
-        set_json(self._store, "config", {"world_size": num_receivers + 1, "timeout_s": self.timeout_s,
-                                         "connect_timeout_s": self.connect_timeout_s})
+        self._root = dist.TCPStore(host, port, None, True, timeout=timedelta(seconds=connect_timeout_s),
+                                   wait_for_workers=False)
+        self.address = (host, self._root.port)
+        self._token, self._nonce = token, new_nonce()
+        self._store = group_store(self._root, group_prefix(token, self._nonce))
+        set_json(self._root, "config", {"world_size": num_receivers + 1, "timeout_s": self.timeout_s,
+                                        "connect_timeout_s": self.connect_timeout_s, "nonce": self._nonce})
+        self._tickets = 0  # tickets drawn so far
+        self._unanswered: set[int] = set()  # drawn, hello not answered yet
+        self._seated = 0  # receivers admitted (they hold ranks 1.._seated)
+        self.refused = 0  # peers refused a seat (wrong token, or none left)
         self._pg: dist.ProcessGroupGloo | None = None
         self._seq = 0
         self._sent = 0
@@ -119,8 +145,38 @@ class WeightSender:
 
     # ------------------------------------------------------------------ rendezvous
     def registered(self) -> list[int]:
-        """Receiver ranks that have registered so far (for progress reports while actors start)."""
-        return [r for r in range(1, self.num_receivers + 1) if self._store.check([key_rank(r)])]
+        """Receiver ranks admitted so far (answers pending hellos first; for progress reports)."""
+        self._screen()
+        return list(range(1, self._seated + 1))
+
+    def _screen(self) -> None:
+        """Answer every pending hello: a peer whose proof matches the token gets the next rank while
+        seats are left and the group is not formed yet; any other is refused with the reason
+        (``refused`` counts them) and never learns where the group keys are."""
+        drawn = self._root.add(TICKETS, 0)
+        self._unanswered.update(range(self._tickets + 1, drawn + 1))
+        self._tickets = max(self._tickets, drawn)
+        for t in sorted(self._unanswered):
+            if not self._root.check([key_hello(t)]):
+                continue  # drew a ticket, has not said hello yet
+            self._unanswered.discard(t)
+            try:
+                hello = get_json(self._root, key_hello(t))
+                proven = proof_matches(self._token, self._nonce, t, hello.get("proof"))
+            except (ValueError, AttributeError):  # not JSON, or not an object
+                hello, proven = {}, False
+            if not proven:
+                why = "wrong weight-sync token"
+            elif self._pg is not None or self._seated == self.num_receivers:
+                why = f"all {self.num_receivers} receiver seats are taken"
+            else:
+                self._seated += 1
+                set_json(self._root, key_admit(t), {"rank": self._seated})
+                continue
+            self.refused += 1
+            logger.warning("weight sync at %s:%d refused a peer (claims to be %r on %r): %s", *self.address,
+                           hello.get("name"), hello.get("host"), why)
+            set_json(self._root, key_admit(t), {"error": why})
 
     def connect(self) -> None:
         """Wait for every receiver to register and join the gloo group (``connect_timeout_s``)."""
@@ -141,6 +197,7 @@ class WeightSender:
             time.sleep(0.05)
         try:
             self._pg = new_gloo_group(self._store, 0, self.num_receivers + 1, self.timeout_s,
+                                      local_host=self.address[0],
                                       connect_timeout_s=max(1.0, deadline - time.monotonic()))
         except RuntimeError as e:
             raise WeightSyncError(f"gloo rendezvous with {self.num_receivers} receivers failed: {e}") from e
@@ -151,15 +208,17 @@ class WeightSender:
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
         """Send one full set of weights tagged ``version`` and wait until every engine has loaded it.
 
-        Returns ``{version, seq, bytes, buckets, tensors, seconds, send_s, ack_s, gbps, acks, ack_info}``
-        where ``acks`` maps engine name -> the version that engine reports after loading and
-        ``ack_info`` holds each receiver's full acknowledgement (its load time etc). Raises
+        Returns ``{version, seq, bytes, buckets, tensors, seconds, send_s, ack_s, gbps, acks, ack_info,
+        refused}`` where ``acks`` maps engine name -> the version that engine reports after loading,
+        ``ack_info`` holds each receiver's full acknowledgement (its load time etc) and ``refused``
+        counts the peers this sender refused so far (answered before every push). Raises
         ``WeightSyncError`` (naming the failed engines) on a dead/frozen/failing receiver.
         """
         if self._broken:
             raise WeightSyncError(f"sender unusable after an earlier failure: {self._broken}")
         self.connect()
         assert self._pg is not None
+        self._screen()
         self._seq += 1
         seq = self._seq
         t0 = time.perf_counter()
@@ -195,6 +254,7 @@ class WeightSender:
             "gbps": stats["bytes"] / max(t1 - t0, 1e-9) / 1e9,
             "acks": {a["name"]: a["version"] for a in acks.values()},
             "ack_info": {a["name"]: a for a in acks.values()},
+            "refused": self.refused,
         }
 
     def _broadcast_all(self, buckets: Iterable[Bucket], stats: dict) -> None:

@@ -35,6 +35,9 @@ def check_row_logprobs(models: dict, prompt, s) -> dict:
     return out
 
 
+TOKEN = "test-weight-sync-token"
+
+
 @pytest.fixture
 def senders(make_actor):
     """Factory of learner-side WeightSenders (one per actor connection); closed after the test."""
@@ -43,7 +46,7 @@ def senders(make_actor):
     made = []
 
     def make():
-        made.append(WeightSender(1, timeout_s=30, connect_timeout_s=120))
+        made.append(WeightSender(1, token=TOKEN, timeout_s=30, connect_timeout_s=120))
         return made[-1]
 
     try:
@@ -56,7 +59,7 @@ def senders(make_actor):
 def connect(actor, sender) -> None:
     t = threading.Thread(target=sender.connect, daemon=True)
     t.start()
-    actor.connect_weight_sync(*sender.address)
+    actor.connect_weight_sync(*sender.address, TOKEN)
     t.join(60)
     assert sender.receivers, "weight-sync rendezvous failed"
 

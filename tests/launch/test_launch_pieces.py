@@ -10,26 +10,32 @@ from configs.loading import resolve
 from launch.cli import main
 from launch.metrics import MetricsWriter, read_metrics
 from launch.progress import Progress, format_line
-from launch.resources import ResourceError, Resources, check
+from launch.resources import Node, ResourceError, plan
 
-TWO_CORES = Resources(cpus=2, gpus=0, memory_gib=24)
+TWO_CORES = [Node("this machine", cpus=2, gpus=0, memory_gib=24)]
 
 
 def test_32_actors_on_two_cores_is_a_clear_error():
     cfg = resolve("pure", flags={"rollout.num_actors": 32})
     with pytest.raises(ResourceError) as e:
-        check(cfg, TWO_CORES)
+        plan(cfg, TWO_CORES)
     msg = str(e.value)
     # what was asked, what exists, what to change
-    assert "17 CPUs requested (32 actor(s) × 0.5 CPU + 1 learner rank(s) × 1 CPU)" in msg
-    assert "this machine has 2" in msg and "--actors 2" in msg and "--ray-address" in msg
-    assert "GiB of memory needed" in msg  # 32 × (1 + 1.5) + 1 = 81 GiB > 24
+    assert "32 actor(s) × [0.5 CPU + ~2.5 GiB]" in msg and "1 learner rank(s) × [1 CPU + ~1 GiB]" in msg
+    assert "nodes: this machine: 2 CPU, 0 GPU, 24.0 GiB" in msg
+    # the rank takes 1 core and 1 GiB; 1 core / 0.5 = 2 actors fit beside it
+    assert "room for the learner ranks but for only 2 of the 32 actors" in msg
+    assert "16 CPU needed, 1 free" in msg  # 32 × 0.5 CPU
+    assert "80 GiB of memory needed, 23 free" in msg  # 32 × (1 KV + 1.5) = 80 GiB; 24 − 1 (rank)
+    assert "Fix: --actors 2 or" in msg and "--ray-address" in msg
 
 
 def test_quickstart_fits_two_cores_and_gpu_requests_need_gpus():
-    check(resolve("grpo"), TWO_CORES)  # 2 × 0.5 + 1 = 2 CPUs
-    with pytest.raises(ResourceError, match="1 GPUs requested but this machine has 0"):
-        check(resolve("grpo", overrides=["learner.gpus_per_rank=1"]), TWO_CORES)
+    assert plan(resolve("grpo"), TWO_CORES).layout == (("this machine", 1, 2),)  # 2 × 0.5 + 1 = 2 CPUs
+    with pytest.raises(ResourceError) as e:
+        plan(resolve("grpo", overrides=["learner.gpus_per_rank=1"]), TWO_CORES)
+    assert "room for only 0 of the 1 learner ranks (1 GPU needed, 0 free)" in str(e.value)
+    assert "learner.gpus_per_rank=auto" in str(e.value)
 
 
 def test_metrics_jsonl_and_tensorboard(tmp_path):
@@ -81,9 +87,9 @@ def test_impossible_request_exits_fast_from_the_command_line(tmp_path):
     import time
     from pathlib import Path
 
-    from launch.resources import local_resources
+    from launch.resources import local_node
 
-    if local_resources().cpus >= 17:
+    if local_node().cpus >= 17:
         pytest.skip("this machine could host 32 half-core actors")
     exe = Path(sys.executable).with_name("algo-train")
     t0 = time.monotonic()

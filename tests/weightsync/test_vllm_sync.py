@@ -23,6 +23,7 @@ from weightsync import WeightSender, WeightSyncError, full_named_tensors
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 10.0
+TOKEN = "5e" * 32  # the run's weight-sync token, handed to the actor on its stdin
 IDS = [1, 5] + [7 + (i * 37) % 90 for i in range(60)]  # <s><|user|> then printable characters
 
 
@@ -76,7 +77,7 @@ class Rig:
 
     def rejoin(self) -> None:
         """New sender; the actor rejoins it (what a launcher does after a failed push)."""
-        self.sender = WeightSender(1, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=120)
+        self.sender = WeightSender(1, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=120, token=TOKEN)
         self.senders.append(self.sender)
         connector = threading.Thread(target=self.sender.connect, daemon=True)
         connector.start()
@@ -95,13 +96,15 @@ def rig(tmp_path_factory):
     model_dir = build_tiny_model(tmp_path_factory.mktemp("ws") / "tiny")
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     # 0.25 MB buckets split the 1.7 MB model into ~7, so a layer's q/k/v land in different buckets.
-    sender = WeightSender(1, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=300)
+    sender = WeightSender(1, bucket_mb=0.25, timeout_s=TIMEOUT_S, connect_timeout_s=300, token=TOKEN)
     log = open(tmp_path_factory.getbasetemp() / "actor.log", "wb")  # noqa: SIM115
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.weightsync.actor_harness", "--host", sender.address[0],
          "--port", str(sender.address[1]), "--name", "actor-0", "--model", str(model_dir)],
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    proc.stdin.write(TOKEN.encode() + b"\n")
+    proc.stdin.flush()
     actor = Actor(proc)
     rig = Rig(sender, actor, model)
     try:

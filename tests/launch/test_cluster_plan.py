@@ -1,0 +1,225 @@
+"""The cluster path without a cluster: placement plans on declared nodes, "auto" resolution, finding the
+Ray to join, and the vLLM engine settings a GPU run gets. Pure functions; the real-Ray test is at the end."""
+
+import time
+
+import pytest
+
+from actors.engine import EngineSpec
+from configs.loading import ConfigError, resolve
+from launch.cluster import ClusterInfo, find_cluster, nodes_from_ray, probe
+from launch.resources import Node, ResourceError, plan, resolve_auto
+
+
+def gpu_nodes(count: int, gpus: float = 8, cpus: float = 96, mem: float = 1000, **custom) -> list[Node]:
+    return [Node(f"10.0.0.{i + 1}", cpus, gpus, mem, dict(custom)) for i in range(count)]
+
+
+def pure(actors: int, ranks: int, *overrides: str):
+    return resolve("pure", flags={"rollout.num_actors": actors, "learner.world_size": ranks},
+                   overrides=["learner.batch_prompts=8", *overrides])
+
+
+def test_32_actors_and_8_ranks_on_five_8_gpu_nodes():
+    p = plan(pure(32, 8), gpu_nodes(5))
+    # auto: 1 GPU per actor (tensor_parallel_size 1) and per rank; 8 + 32 = 40 GPUs = 5 × 8
+    assert p.rank_bundle.ray_resources() == {"CPU": 1.0, "GPU": 1.0}
+    assert p.actor_bundle.ray_resources() == {"CPU": 0.5, "GPU": 1.0}  # configs/pure.yaml: 0.5 CPU per actor
+    assert p.rank_strategy == "STRICT_PACK"  # 8 ranks fit one 8-GPU node
+    assert p.layout == (("10.0.0.1", 8, 0),) + tuple((f"10.0.0.{i}", 0, 8) for i in range(2, 6))
+
+
+def test_33_gpus_worth_on_32_gpus_is_refused_with_the_figures():
+    t0 = time.monotonic()
+    with pytest.raises(ResourceError) as e:
+        plan(pure(25, 8), gpu_nodes(4))  # 25 + 8 = 33 GPUs on 4 × 8 = 32
+    assert time.monotonic() - t0 < 1
+    msg = str(e.value)
+    assert "asked 8 learner rank(s) × [1 GPU + 1 CPU + ~1 GiB] packed" in msg
+    assert "25 actor(s) × [1 GPU + 0.5 CPU + ~1.5 GiB] spread" in msg  # a GPU engine's KV cache is not host memory
+    assert "nodes: 10.0.0.1: 96 CPU, 8 GPU, 1000.0 GiB; 10.0.0.2: 96 CPU, 8 GPU" in msg
+    # ranks take node 1; nodes 2–4 hold 24 actors: 25 GPUs asked of the 24 left
+    assert "room for the learner ranks but for only 24 of the 25 actors beside them (25 GPU needed, 24 free)" in msg
+    assert "Fix: --actors 24 or add nodes to the cluster" in msg or "Fix: --actors 24 or join a larger" in msg
+
+
+def test_an_actor_bundle_must_fit_on_one_node():
+    # 1 GPU + 8 CPUs per actor; 3 nodes of 6 CPUs hold 18 CPUs in all, but no node holds 8
+    nodes = gpu_nodes(3, cpus=6)
+    with pytest.raises(ResourceError) as e:
+        plan(pure(2, 1, "rollout.cpus_per_actor=8"), nodes, joined=True)
+    msg = str(e.value)
+    assert "only 0 of the 2 actors" in msg and "split across nodes" in msg
+    # the rank takes 1 CPU of node 1 (5 left), nodes 2 and 3 keep 6: two actors of ≤ 6 CPUs fit
+    assert "--set rollout.cpus_per_actor=6 or add nodes to the cluster" in msg
+    plan(pure(2, 1, "rollout.cpus_per_actor=6"), nodes)
+
+
+def test_ranks_pack_over_nodes_when_one_cannot_hold_them_and_actors_spread():
+    p = plan(pure(4, 12), gpu_nodes(3))
+    assert p.rank_strategy == "PACK"
+    assert [(r, a) for _, r, a in p.layout] == [(8, 0), (4, 2), (0, 2)]  # spread: the emptier node first
+    # 16 GPUs hold 16 of 17 ranks; with the one actor beside them, 15 ranks is the most that fits
+    with pytest.raises(ResourceError, match=r"room for only 16 of the 17 learner ranks .*--set learner.world_size=15"):
+        plan(pure(1, 17), gpu_nodes(2))
+
+
+def test_tensor_parallel_bundles_and_custom_resources():
+    nodes = gpu_nodes(1) + [Node("10.0.0.9", 96, 8, 1000, {"accel_node": 8})]
+    cfg = pure(2, 1, "rollout.engine.tensor_parallel_size=4", "rollout.custom_resources={accel_node: 1}")
+    p = plan(cfg, nodes)
+    assert p.actor_bundle.ray_resources() == {"CPU": 0.5, "GPU": 4.0, "accel_node": 1.0}  # auto = tp GPUs
+    # only node 9 has accel_node: two 4-GPU engines fill its 8 GPUs, so the rank goes to node 1
+    assert p.layout == (("10.0.0.1", 1, 0), ("10.0.0.9", 0, 2))
+    with pytest.raises(ResourceError, match="only 2 of the 4 actors"):
+        plan(pure(4, 1, "rollout.engine.tensor_parallel_size=4", "rollout.custom_resources={accel_node: 1}"), nodes)
+
+
+def test_auto_resolves_against_the_cluster_and_is_recorded():
+    cfg = resolve("grpo")
+    assert (cfg.rollout.gpus_per_actor, cfg.learner.gpus_per_rank, cfg.model.dtype) == ("auto", "auto", "auto")
+    on_gpus = ClusterInfo("10.0.0.1:6379", "--ray-address", tuple(gpu_nodes(2))).resolve(cfg)
+    assert (on_gpus.rollout.gpus_per_actor, on_gpus.learner.gpus_per_rank, on_gpus.model.dtype) == (1.0, 1.0, "bfloat16")
+    assert on_gpus.ray_address == "10.0.0.1:6379"
+    on_cpu = ClusterInfo(None, "this machine", (Node("this machine", 2, 0, 24),)).resolve(cfg)
+    assert (on_cpu.rollout.gpus_per_actor, on_cpu.learner.gpus_per_rank, on_cpu.model.dtype) == (0.0, 0.0, "float32")
+    assert on_cpu.ray_address is None
+    assert ClusterInfo(None, "a local Ray", (Node("this machine", 2, 0, 24),)).describe() == \
+        "this machine (a local Ray): 2 CPU, 0 GPU, 24.0 GiB"
+    assert ClusterInfo("10.0.0.1:6379", "RAY_ADDRESS", tuple(gpu_nodes(2))).describe() == \
+        ("Ray cluster at 10.0.0.1:6379 (RAY_ADDRESS): 10.0.0.1: 96 CPU, 8 GPU, 1000.0 GiB; "
+         "10.0.0.2: 96 CPU, 8 GPU, 1000.0 GiB")
+    from configs.loading import dump_annotated
+
+    assert "gpus_per_actor: 0.0" in dump_annotated(on_cpu) and "dtype: float32" in dump_annotated(on_cpu)
+    tp = resolve_auto(resolve("grpo", overrides=["rollout.engine.tensor_parallel_size=2"]), gpu_nodes(1))
+    assert tp.rollout.gpus_per_actor == 2.0
+
+
+def test_zero_gpus_on_a_gpu_cluster_and_tensor_parallel_without_gpus_are_refused():
+    with pytest.raises(ResourceError) as e:
+        resolve_auto(resolve("grpo", overrides=["rollout.gpus_per_actor=0", "learner.gpus_per_rank=0"]),
+                     gpu_nodes(1))
+    msg = str(e.value)
+    assert "rollout.gpus_per_actor=0 on a cluster with 8 GPUs: every vLLM engine would open GPU 0 — use " \
+           "--set rollout.gpus_per_actor=auto (1 per actor)" in msg
+    assert "learner.gpus_per_rank=0 on a cluster with 8 GPUs" in msg and "learner.gpus_per_rank=auto" in msg
+    resolve_auto(resolve("sft", overrides=["rollout.gpus_per_actor=0"]), gpu_nodes(1))  # SFT starts no actor
+    with pytest.raises(ResourceError, match="tensor_parallel_size=2 shards each engine over GPUs but there are none"):
+        resolve_auto(resolve("grpo", overrides=["rollout.engine.tensor_parallel_size=2"]), [Node("m", 8, 0, 32)])
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rollout.gpus_per_actor=1", "rollout.engine.tensor_parallel_size=2"],
+     "rollout.gpus_per_actor: 1 GPU(s) per actor but rollout.engine.tensor_parallel_size=2"),
+    (["rollout.gpus_per_actor=2"], "or rollout.engine.tensor_parallel_size=2"),
+    (["rollout.gpus_per_actor=0.5"], "rollout.engine.gpu_memory_utilization: engines share GPUs"),
+    (["rollout.gpus_per_actor=0.5", "rollout.engine.gpu_memory_utilization=0.9"], "use at most 0.5"),
+    (["rollout.gpus_per_actor=lots"], "rollout.gpus_per_actor: Value error, expects 'auto' or a number ≥ 0"),
+])
+def test_gpu_settings_that_cannot_work_fail_at_parse_time(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        resolve("grpo", overrides=overrides)
+    assert message in str(e.value)
+
+
+def test_finding_the_ray_to_join(tmp_path):
+    env = {"RAY_TMPDIR": str(tmp_path)}
+    assert find_cluster(None, env) == (None, "this machine")
+    assert find_cluster("10.0.0.1:6379", {**env, "RAY_ADDRESS": "x:1"}) == ("10.0.0.1:6379", "--ray-address")
+    assert find_cluster(None, {**env, "RAY_ADDRESS": "10.0.0.2:6379"}) == ("10.0.0.2:6379", "RAY_ADDRESS")
+    assert find_cluster(None, {**env, "RAY_ADDRESS": ""}) == (None, "this machine")
+    with pytest.raises(ResourceError, match="--ray-address auto: no Ray cluster found"):
+        find_cluster("auto", env)
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("192.0.2.7:6379\n")  # what `ray start --head` writes
+    address, source = find_cluster("auto", env)
+    assert address == "192.0.2.7:6379" and "local `ray start` cluster" in source
+    assert find_cluster(None, env)[0] == "192.0.2.7:6379"
+
+
+def test_joining_a_dead_cluster_fails_in_seconds_with_the_fix(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(ResourceError) as e:
+        ClusterInfo.discover(None, environ={"RAY_TMPDIR": str(tmp_path)})
+    assert time.monotonic() - t0 < 10
+    assert f"cannot join the Ray cluster at 127.0.0.1:{port} (from the local `ray start` cluster" in str(e.value)
+    assert "nothing answers" in str(e.value) and "`ray stop` removes" in str(e.value)
+    assert probe("10.0.0.1") == "'10.0.0.1' is not HOST:PORT" and probe("ray://head:10001") is None
+
+
+def test_nodes_from_ray_reads_per_node_capacity():
+    dead = {"Alive": False, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 8.0}}
+    live = {"Alive": True, "NodeManagerAddress": "10.0.0.2",
+            "Resources": {"CPU": 16.0, "GPU": 8.0, "memory": 64 * 2**30, "object_store_memory": 1e9,
+                          "node:10.0.0.2": 1.0, "node:__internal_head__": 1.0, "accel_node": 8.0}}
+    cpu_only = {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 4.0, "memory": 2**33}}
+    assert nodes_from_ray([dead, live, cpu_only]) == [Node("10.0.0.1", 4.0, 0.0, 8.0, {}),
+                                                      Node("10.0.0.2", 16.0, 8.0, 64.0, {"accel_node": 8.0})]
+
+
+def test_engine_settings_reach_vllm_engine_args(tmp_path):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    cfg = resolve_auto(resolve("grpo", overrides=[
+        "rollout.engine.tensor_parallel_size=2", "rollout.engine.max_num_seqs=64",
+        "rollout.engine.enable_prefix_caching=true", "rollout.kv_cache_gib=6"]), gpu_nodes(1))
+    kw = EngineSpec.from_config(cfg, tmp_path, weight_transfer=False).engine_args_kwargs()
+    assert kw["dtype"] == "bfloat16" and kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "mp"
+    assert kw["kv_cache_memory_bytes"] == 6 * 2**30 and "gpu_memory_utilization" not in kw
+    assert kw["max_num_seqs"] == 64 and kw["enable_prefix_caching"] is True and kw["enforce_eager"] is False
+    assert "enable_chunked_prefill" not in kw  # the CPU-only workaround stays on CPU
+    AsyncEngineArgs(**kw)  # every key is a real engine argument of the installed vLLM
+    util = resolve_auto(resolve("grpo", overrides=["rollout.engine.gpu_memory_utilization=0.6"]), gpu_nodes(1))
+    kw = EngineSpec.from_config(util, tmp_path, weight_transfer=False).engine_args_kwargs()
+    assert kw["gpu_memory_utilization"] == 0.6 and "kv_cache_memory_bytes" not in kw
+    cpu = EngineSpec.from_config(resolve_auto(resolve("grpo"), [Node("m", 2, 0, 24)]), tmp_path, weight_transfer=False)
+    kw = cpu.engine_args_kwargs()
+    assert kw["dtype"] == "float32" and kw["enforce_eager"] is True and "tensor_parallel_size" not in kw
+
+
+@pytest.mark.slow
+def test_placement_groups_on_a_real_ray_with_declared_gpus():
+    """Ray lets a CPU machine declare GPUs: the plan, the reservation and a role in its bundle are real;
+    a group Ray accepts but cannot place fails at the deadline with the figures instead of hanging."""
+    import ray
+
+    from launch.cluster import cluster_nodes
+    from launch.placement import Placement
+
+    ray.init(address="local", num_cpus=2, num_gpus=8, resources={"accel_node": 2}, include_dashboard=False,
+             logging_level="WARNING", log_to_driver=False)
+    try:
+        (node,) = cluster_nodes()
+        assert (node.cpus, node.gpus, node.custom) == (2.0, 8.0, {"accel_node": 2.0})
+        p = plan(pure(2, 1, "rollout.custom_resources={accel_node: 1}"), [node])
+        placement = Placement(p, timeout_s=30)
+        placement.reserve()
+
+        @ray.remote
+        def gpu_ids():
+            return ray.get_gpu_ids()
+
+        in_bundle = gpu_ids.options(num_cpus=0.5, num_gpus=1, resources={"accel_node": 1},
+                                    scheduling_strategy=placement.strategy("actors", 1))
+        assert len(ray.get(in_bundle.remote(), timeout=60)) == 1  # the actor's bundle holds one GPU
+        placement.remove()
+        # the check believed in a 4-CPU node; Ray has 2 CPUs: accepted, never placed
+        bigger = plan(pure(4, 1, "rollout.cpus_per_actor=0.75"), [Node(node.name, 4, 8, node.memory_gib)])
+        stuck = Placement(bigger, timeout_s=2)
+        t0 = time.monotonic()
+        with pytest.raises(ResourceError) as e:
+            stuck.reserve()
+        assert time.monotonic() - t0 < 10 and stuck.groups == {}
+        msg = str(e.value)
+        assert "could not place the actors within 2 s (placement_timeout_s)" in msg
+        assert "4 actor(s) × [1 GPU + 0.75 CPU + ~1.5 GiB] SPREAD" in msg and "2 CPU, 8 GPU" in msg
+    finally:
+        ray.shutdown()
