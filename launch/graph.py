@@ -33,7 +33,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     from launch.model_prep import prepare_model
     from launch.placement import plan_cores
     from launch.processes import ProcessGraph
-    from launch.storage import check_shared_storage, cluster_nodes, shared_paths
+    from launch.storage import check_shared_storage, other_nodes, shared_paths
 
     model_dir = prepare_model(cfg, log=progress.message)
     tokenizer = load_tokenizer(str(model_dir))
@@ -45,7 +45,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     buffer_proc = None
     try:
         if not cfg.serial:  # every other node sees the run folder, the model and the data, or the run stops here
-            check_shared_storage(run_dir, cluster_nodes(), shared_paths(cfg, model_dir))
+            check_shared_storage(run_dir, other_nodes(), shared_paths(cfg, model_dir))
         # the buffer is the driver's child: on a cluster it listens on the driver's node and advertises its IP
         advertise = graph.node_ip() if cluster else None
         buffer_proc, graph.buffer_address = start_buffer_process(cfg, advertise_host=advertise, secrets=secrets)

@@ -80,7 +80,7 @@ class Node:
         return f"{self.ip} (Ray node {self.node_id[:12]})"
 
 
-def cluster_nodes(include_driver_node: bool = False) -> list[Node]:
+def other_nodes(include_driver_node: bool = False) -> list[Node]:
     """The alive nodes of the Ray cluster this process is connected to; without the driver's own node
     by default (its processes see what the driver sees)."""
     import ray
@@ -90,7 +90,7 @@ def cluster_nodes(include_driver_node: bool = False) -> list[Node]:
             if n["Alive"] and (include_driver_node or n["NodeID"] != own)]
 
 
-def probe(check_dir: str, nonce: str, node_id: str, paths: dict[str, str]) -> list[str]:
+def probe_storage(check_dir: str, nonce: str, node_id: str, paths: dict[str, str]) -> list[str]:
     """Runs on one node: read the driver's marker, write this node's own, look for every path in
     `paths`. Returns what went wrong, one line each (empty: all well)."""
     problems = []
@@ -122,7 +122,7 @@ def check_shared_storage(run_dir: str | Path, nodes: list[Node], paths: dict[str
 
     The driver writes a marker with a fresh random nonce into `run_dir/.storage-check/<nonce>/`; a Ray
     task pinned to each node (NodeAffinitySchedulingStrategy, hard; 0 CPUs so a busy node still runs
-    it) runs `probe` there; then the driver reads back each node's marker. A node that does not
+    it) runs `probe_storage` there; then the driver reads back each node's marker. A node that does not
     answer within `timeout_s` counts as failing. Paths are checked as given: absolutize them first.
     The check folder is removed afterwards. No nodes: nothing to check, Ray is not touched.
     """
@@ -136,7 +136,7 @@ def check_shared_storage(run_dir: str | Path, nodes: list[Node], paths: dict[str
     check_dir.mkdir(parents=True)
     try:
         (check_dir / "driver").write_text(nonce)
-        task = ray.remote(num_cpus=0, max_retries=0)(probe)
+        task = ray.remote(num_cpus=0, max_retries=0)(probe_storage)
         refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
                 .remote(str(check_dir), nonce, node.node_id, paths or {}): node for node in nodes}
         done, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)

@@ -67,9 +67,16 @@ def _child(spec: str, run_dir: str) -> int:
     from launch.graph import run_graph
     from launch.progress import Progress
 
+    from launch.resources import ResourceError
+    from launch.storage import StorageError
+
     cfg = RunConfig.model_validate_json(Path(spec).read_text())
     progress = Progress(cfg.learner.steps, cfg.logging.progress)
-    return run_graph(cfg, Path(run_dir), progress)
+    try:
+        return run_graph(cfg, Path(run_dir), progress)
+    except (ResourceError, StorageError) as e:  # found once Ray is up (placement, shared storage): no traceback
+        print(f"algo-train: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -51,9 +51,9 @@ print(json.dumps(out))
 # From a driver on A: the storage check against every other node, for a shared folder and a hidden one.
 STORAGE = """
 import json, sys, ray
-from launch.storage import StorageError, check_shared_storage, cluster_nodes
+from launch.storage import StorageError, check_shared_storage, other_nodes
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-nodes = cluster_nodes()
+nodes = other_nodes()
 out = {"nodes": [n.ip for n in nodes]}
 for name, run_dir in (("shared", sys.argv[2]), ("hidden", sys.argv[3])):
     try:

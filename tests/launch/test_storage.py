@@ -15,8 +15,8 @@ from launch.storage import (
     StorageError,
     absolutize,
     check_shared_storage,
-    cluster_nodes,
-    probe,
+    other_nodes,
+    probe_storage,
     shared_paths,
 )
 
@@ -48,16 +48,16 @@ def test_probe_reports_a_missing_marker_another_folder_and_a_missing_input(tmp_p
     check = tmp_path / "check"
     check.mkdir()
     # no driver marker at all: the run folder is not shared
-    (missing,) = probe(str(check), "n1", "abc", {})
+    (missing,) = probe_storage(str(check), "n1", "abc", {})
     assert "cannot read the driver's marker" in missing and str(check / "driver") in missing
     assert (check / "node-abc").read_text() == "n1"  # the node still leaves its own marker
     (check / "driver").write_text("someone-else")
-    (other,) = probe(str(check), "n1", "abc", {"model.path": str(tmp_path / "nope")})[:1]
+    (other,) = probe_storage(str(check), "n1", "abc", {"model.path": str(tmp_path / "nope")})[:1]
     assert "a different folder under the same path" in other
     (check / "driver").write_text("n1")
-    assert probe(str(check), "n1", "abc", {"model.path": str(tmp_path / "nope")}) == [
+    assert probe_storage(str(check), "n1", "abc", {"model.path": str(tmp_path / "nope")}) == [
         f"cannot see model.path = {tmp_path / 'nope'}"]
-    assert probe(str(check), "n1", "abc", {"model.path": str(tmp_path)}) == []
+    assert probe_storage(str(check), "n1", "abc", {"model.path": str(tmp_path)}) == []
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,8 @@ def ray_one_node(tmp_path_factory):
 
 
 def test_every_node_reads_and_writes_the_marker(ray_one_node, tmp_path):
-    nodes = cluster_nodes(include_driver_node=True)
-    assert len(nodes) == 1 and cluster_nodes() == []  # the driver's own node is left out by default
+    nodes = other_nodes(include_driver_node=True)
+    assert len(nodes) == 1 and other_nodes() == []  # the driver's own node is left out by default
     run = tmp_path / "run"
     run.mkdir()
     check_shared_storage(run, nodes, {"model.cache_dir": str(tmp_path)})
@@ -85,7 +85,7 @@ def test_every_node_reads_and_writes_the_marker(ray_one_node, tmp_path):
 def test_a_node_that_cannot_see_the_run_folder_stops_the_run(ray_one_node, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("run").mkdir()
-    (node,) = cluster_nodes(include_driver_node=True)
+    (node,) = other_nodes(include_driver_node=True)
     with pytest.raises(StorageError) as err:  # "run" is relative: the worker's cwd has no such folder
         check_shared_storage("run", [node], {"data.path": "train.parquet"})
     msg = str(err.value)
