@@ -66,7 +66,6 @@ def _kill_session(sid: int) -> None:
 def _child(spec: str, run_dir: str) -> int:
     from launch.graph import run_graph
     from launch.progress import Progress
-
     from launch.resources import ResourceError
     from launch.storage import StorageError
 
