@@ -155,26 +155,34 @@ def test_sync_makes_engine_match_new_learner_weights(rig):
 
 
 def test_in_flight_request_survives_a_sync(rig):
+    """A request generating while a push arrives pauses (keep), resumes on the new weights and finishes.
+    On a loaded machine the push can win the race against the request's first decoding steps (no
+    chunk stamped before the pause): the scenario is then tried again, up to 3 times (each push is
+    labelled version 2, which the later tests build on)."""
     sender, actor, model = rig
     max_tokens = 400
-    actor.send({"cmd": "generate", "ids": IDS[:8], "max_tokens": max_tokens})
-    assert actor.next_event(60)["event"] == "generate_started"
-    with torch.no_grad():
-        model.model.norm.weight.mul_(1.5)
-    stats = sender.push(full_named_tensors(model), version=2)
-    assert stats["acks"] == {"actor-0": "2"}
-    done = actor.next_event(120)
-    assert done["event"] == "generated"
-    assert done["n_tokens"] == max_tokens and done["finish_reason"] == "length"
-    paused_at, resumed_at = done["pause"]
-    before = [n for t, n in done["chunks"] if t < paused_at]
-    after = [n for t, n in done["chunks"] if t > resumed_at]
-    print(f"in-flight request: {before[-1] if before else 0} tokens before the pause, "
-          f"paused {1e3 * (resumed_at - paused_at):.0f} ms, finished after it")
-    assert before and before[-1] < max_tokens, "the request was not in flight when the engine paused"
+    version = 2
+    for _attempt in range(3):
+        actor.send({"cmd": "generate", "ids": IDS[:8], "max_tokens": max_tokens})
+        assert actor.next_event(60)["event"] == "generate_started"
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1.5)
+        stats = sender.push(full_named_tensors(model), version=version)
+        assert stats["acks"] == {"actor-0": str(version)}
+        done = actor.next_event(120)
+        assert done["event"] == "generated"
+        assert done["n_tokens"] == max_tokens and done["finish_reason"] == "length"
+        paused_at, resumed_at = done["pause"]
+        before = [n for t, n in done["chunks"] if t < paused_at]
+        after = [n for t, n in done["chunks"] if t > resumed_at]
+        print(f"in-flight request: {before[-1] if before else 0} tokens before the pause, "
+              f"paused {1e3 * (resumed_at - paused_at):.0f} ms, finished after it")
+        if before:
+            break
+    assert before and before[-1] < max_tokens, "the request was not in flight when the engine paused (3 tries)"
     assert after and after[-1] == max_tokens
-    assert done["version"] == 2
-    assert actor.logprobs()[1] == 2
+    assert done["version"] == version
+    assert actor.logprobs()[1] == version
 
 
 def test_learner_failure_mid_push_leaves_actor_serving_and_rejoinable(rig):
