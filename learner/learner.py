@@ -151,7 +151,9 @@ class Learner:
         t_train = time.perf_counter()
         updates = [self._update(batch, adv, rows, idx) for _ in range(cfg.learner.epochs)
                    for idx in batching.split_minibatches(rows, cfg.learner.mini_batches)]
-        metrics |= {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+        for k in dict.fromkeys(k for u in updates for k in u):  # every key any optimiser step reported
+            values = [u[k] for u in updates if k in u]
+            metrics[k] = sum(values) / len(values)
         metrics["time/update_s"] = time.perf_counter() - t_train
         self.version = int(version) + 1
         elapsed = time.perf_counter() - t0
