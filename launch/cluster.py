@@ -135,7 +135,7 @@ class ClusterInfo:
                  environ: Mapping[str, str] | None = None) -> ClusterInfo:
         """Find the cluster (module docstring) and read its nodes; a single machine is `local_node()`."""
         if serial:
-            return cls(None, "--serial, no Ray", (local_node(),))
+            return cls(None, "--serial: learner and actors in this process", (local_node(),))
         env = os.environ if environ is None else environ
         address, source = find_cluster(ray_address, env)
         if address is None:
