@@ -1,6 +1,7 @@
 """The cluster path without a cluster: placement plans on declared nodes, "auto" resolution, finding the
 Ray to join, and the vLLM engine settings a GPU run gets. Pure functions; the real-Ray test is at the end."""
 
+import re
 import time
 
 import pytest
@@ -219,7 +220,8 @@ def test_placement_groups_on_a_real_ray_with_declared_gpus():
             stuck.reserve()
         assert time.monotonic() - t0 < 10 and stuck.groups == {}
         msg = str(e.value)
-        assert "could not place the actors within 2 s (placement_timeout_s)" in msg
+        # the learner's group (1 CPU) may also still be pending after 2 s on a loaded machine
+        assert re.search(r"could not place (the learner and )?the actors within 2 s \(placement_timeout_s\)", msg), msg
         assert "4 actor(s) × [1 GPU + 0.75 CPU + ~1.5 GiB] SPREAD" in msg and "2 CPU, 8 GPU" in msg
     finally:
         ray.shutdown()

@@ -44,11 +44,17 @@ async def generate(engine, rx, ids: list[int], max_tokens: int) -> None:
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=1.0, seed=0)
     chunks, started, out = [], False, None
+    earlier_pause = rx.last_pause
     async for out in engine.generate({"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex):
         chunks.append((time.monotonic(), len(out.outputs[0].token_ids)))
         if not started:
             started = True
             emit({"event": "generate_started"})
+    # The request can finish while the receiver is still inside its resume (before it records the pause):
+    # report this request's pause, not an earlier one.
+    deadline = time.monotonic() + 30
+    while rx.last_pause == earlier_pause and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     emit({"event": "generated", "n_tokens": len(out.outputs[0].token_ids),
           "finish_reason": out.outputs[0].finish_reason, "chunks": chunks, "pause": rx.last_pause,
           "version": rx.version})
