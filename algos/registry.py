@@ -123,6 +123,9 @@ class AlgoSpec:
     needs_demonstrations: bool = False  # the run loads teacher/demonstration trajectories (LUFFY, SFT)
     skip_nonfinite_grad: bool = False  # PACS: a non-finite grad norm skips the step (counted)
     clip_grad: bool = True  # PACS never clips (reference behaviour, §5)
+    # Smallest rollout.n the advantage can use: every built-in algorithm compares a sample with the other
+    # samples of its group (GRPO/RLOO/leave-one-out baselines), which a group of one does not have.
+    min_group_size: int = 2
     # The algorithm's own configuration rules: yields "dotted.key: what is wrong — how to fix" for cfg
     # (RunConfig.problems adds them to the rules every algorithm shares, before anything starts).
     validate: Callable[[Any], Iterable[str]] = lambda cfg: ()

@@ -134,7 +134,10 @@ def main() -> None:
     cfg = RunConfig.model_validate({
         "algo": "grpo", "model": {"dtype": args.dtype},
         "rollout": {"n": args.n, "max_response_tokens": args.resp_max},
-        "learner": {"micro_batch_samples": args.micro_batch, "lr": 1e-5, "batch_prompts": args.groups}})
+        # packing off: the plain loop pads, and this compares the two paths on the same work
+        # (packed vs padded is bench/packing.py)
+        "learner": {"micro_batch_samples": args.micro_batch, "lr": 1e-5, "batch_prompts": args.groups,
+                    "packing": False}})
     learner = Learner(cfg, 0, 1, model_dir, device=device, fsdp=True if args.fsdp == "on" else None)
     groups = make_groups(len(learner.tokenizer), args.groups, args.n, args.prompt_len, args.resp_min,
                          args.resp_max, seed=0)

@@ -1,4 +1,10 @@
-"""Resolve a run configuration: YAML file ← CLI flags ← `--set a.b=c` overrides, then validate.
+"""Resolve a run configuration: the algorithm's YAML ← a user's YAML ← CLI flags ← `--set a.b=c`
+overrides, then validate.
+
+Layering: `--algo NAME` starts from configs/NAME.yaml; `--config FILE` is laid over the YAML of the
+algorithm it names (its `algo:` key, or `--algo`, which wins), so a file holding only the keys it
+changes keeps the algorithm's tuned values for the rest. A run folder's config.yaml (`resolve_saved`)
+is complete and is read as it is.
 
 Errors are `ConfigError`s whose message names the dotted key and says how to fix it; they are raised
 before anything starts.
@@ -9,12 +15,12 @@ from __future__ import annotations
 import difflib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-import algos
 from configs.schema import RunConfig
 
 
@@ -27,26 +33,30 @@ def builtin_config_path(name: str) -> Path:
     return Path(str(resources.files("configs").joinpath(f"{name}.yaml")))
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str = "--config") -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--config: no such file {p}")
+        raise ConfigError(f"{what}: no such file {p}")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config: {p} is not valid YAML: {e}") from None
+        raise ConfigError(f"{what}: {p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--config: {p} must hold a mapping at the top level, found {type(data).__name__}")
+        raise ConfigError(f"{what}: {p} must hold a mapping at the top level, found {type(data).__name__}")
     return data
+
+
+def _section(field) -> type[BaseModel] | None:
+    ann = field.annotation
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(_known_keys(ann, f"{prefix}{name}."))
+        if _section(field) is not None:
+            keys.extend(_known_keys(_section(field), f"{prefix}{name}."))
     return keys
 
 
@@ -81,16 +91,42 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _describe(key: str) -> str:
-    """' — expects: <field description>' for a dotted key, or '' when unknown/undocumented."""
-    model: type[BaseModel] = RunConfig
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` laid over `base`: mappings merge key by key, any other value of `top` replaces (lists too)."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_flags(data: dict[str, Any], flags: dict[str, Any] | None, overrides: list[str] | None) -> dict[str, Any]:
+    """`data` with the dedicated flags (None = not given) and then the `--set` overrides applied (in place)."""
+    for key, value in (flags or {}).items():
+        if value is not None:
+            set_dotted(data, key, value)
+    for text in overrides or []:
+        set_dotted(data, *parse_override(text))
+    return data
+
+
+def field_of(key: str):
+    """The pydantic field of a dotted key, or None when there is no such key."""
+    model: type[BaseModel] | None = RunConfig
     field = None
     for part in key.split("."):
         field = model.model_fields.get(part) if model is not None else None
         if field is None:
-            return ""
-        ann = field.annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            return None
+        model = _section(field)
+    return field
+
+
+def _describe(key: str) -> str:
+    """' — expects: <field description>' for a dotted key, or '' when unknown/undocumented."""
+    field = field_of(key)
     return f" — expects: {field.description}" if field is not None and field.description else ""
 
 
@@ -98,57 +134,125 @@ def _format(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key{_suggest(key)}")
         elif not key:  # cross-field rule from RunConfig.problems(); message already names the key
-            msg = e["msg"].removeprefix("Value error, ")
             lines.extend(msg.split("; "))
         else:
             got = e.get("input")
-            got_s = f" (got {got!r})" if not isinstance(got, dict) else ""
-            lines.append(f"{key}: {e['msg']}{got_s}{_describe(key)}")
+            got_s = f" (got {got!r})" if not isinstance(got, dict) and e["type"] != "value_error" else ""
+            lines.append(f"{key}: {msg}{got_s}{_describe(key)}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def resolve(algo: str | None = None, config_file: str | None = None, flags: dict[str, Any] | None = None,
-            overrides: list[str] | None = None) -> RunConfig:
-    """Build the validated RunConfig. `flags` maps dotted keys to values from dedicated CLI flags."""
-    if algo is not None and algo not in algos.names():
-        raise ConfigError(f"--algo: unknown algorithm {algo!r}; choose one of {', '.join(algos.names())}")
-    if config_file is None and algo is None:
-        raise ConfigError("--algo: required (or pass --config FILE)")
-    data = read_yaml(config_file if config_file else builtin_config_path(algo))
-    if algo is not None:
-        data["algo"] = algo
-    for key, value in (flags or {}).items():
-        if value is not None:
-            set_dotted(data, key, value)
-    for text in overrides or []:
-        set_dotted(data, *parse_override(text))
+def validate(data: dict[str, Any]) -> RunConfig:
+    """RunConfig of a plain mapping; a validation error becomes one ConfigError listing every problem."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
 
 
+def base_data(algo: str | None, config_file: str | None) -> dict[str, Any]:
+    """The mapping a run starts from: configs/<algo>.yaml, with `config_file` laid over it (module docstring)."""
+    import algos
+
+    names = algos.names()
+    if algo is not None and algo not in names:
+        raise ConfigError(f"--algo: unknown algorithm {algo!r}; choose one of {', '.join(names)}")
+    if config_file is None:
+        if algo is None:
+            raise ConfigError(f"--algo: required (choose one of {', '.join(names)}) or pass --config FILE")
+        return read_yaml(builtin_config_path(algo))
+    user = read_yaml(config_file)
+    name = algo if algo is not None else user.get("algo")
+    if name is None:
+        raise ConfigError(f"algo: {config_file} has no `algo:` key, so there is no algorithm config to lay it over "
+                          f"— add e.g. `algo: grpo` to it or pass --algo NAME ({', '.join(names)})")
+    if name not in names:
+        raise ConfigError(f"algo: unknown algorithm {name!r} in {config_file}; choose one of {', '.join(names)}")
+    return deep_merge(read_yaml(builtin_config_path(name)), user) | {"algo": name}
+
+
+def resolve(algo: str | None = None, config_file: str | None = None, flags: dict[str, Any] | None = None,
+            overrides: list[str] | None = None) -> RunConfig:
+    """Build the validated RunConfig. `flags` maps dotted keys to values from dedicated CLI flags."""
+    data = base_data(algo, config_file)
+    if algo is not None:
+        data["algo"] = algo
+    return validate(apply_flags(data, flags, overrides))
+
+
+def resolve_saved(path: str | Path) -> RunConfig:
+    """A run folder's config.yaml, validated as it is (no layering: it holds every key)."""
+    return validate(read_yaml(path, what="--resume"))
+
+
+def flat(cfg: RunConfig) -> dict[str, Any]:
+    """{dotted key: JSON value} of every leaf key of `cfg` (for comparing two configurations)."""
+    def walk(node: dict[str, Any], model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = _section(field)
+            if sub is not None:
+                walk(node[name], sub, f"{prefix}{name}.")
+            else:
+                out[prefix + name] = node[name]
+
+    out: dict[str, Any] = {}
+    walk(cfg.model_dump(mode="json"), RunConfig, "")
+    return out
+
+
 def dump(cfg: RunConfig) -> str:
-    """The fully resolved configuration as YAML (what --dry-run prints and config.yaml holds)."""
+    """The fully resolved configuration as plain YAML."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def _choices(annotation) -> list[Any]:
+    """The fixed values of a Literal annotation, also as `Literal | None` or `list[Literal]`; else []."""
+    origin, args = get_origin(annotation), [a for a in get_args(annotation) if a is not type(None)]
+    if origin is Literal:
+        return args
+    if origin in (list, Union, UnionType) and len(args) == 1:
+        return _choices(args[0])
+    return []
+
+
+def _note(name: str, field, model: type[BaseModel]) -> str:
+    text = field.description or ""
+    choices = _choices(field.annotation)
+    if model is RunConfig and name == "algo":
+        import algos
+
+        choices = algos.names()
+    if choices:
+        listed = " | ".join(str(c) for c in choices)
+        text = f"{text} [choices: {listed}]" if text else f"[choices: {listed}]"
+    return f"  # {text}" if text else ""
+
+
 def dump_annotated(cfg: BaseModel, indent: int = 0) -> str:
-    """YAML of a resolved config with each field's description (its unit) as a trailing comment."""
+    """YAML of a resolved config, each key followed by its meaning and unit as a comment, with the
+    choices of fixed-choice keys listed. Of the algorithm sections (grpo:, prime:, ...) only the run's
+    own is written: the others are never read by this run. This is what --dry-run prints and what a
+    run folder's config.yaml holds (read back with `resolve_saved`; left-out sections take defaults)."""
+    import algos
+
     out = []
     pad = "  " * indent
-    for name, field in type(cfg).model_fields.items():
+    model = type(cfg)
+    plain = cfg.model_dump(mode="json")
+    skip = set(algos.names()) - {getattr(cfg, "algo", None)} if model is RunConfig else set()
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
         value = getattr(cfg, name)
-        note = f"  # {field.description}" if field.description else ""
         if isinstance(value, BaseModel):
-            out.append(f"{pad}{name}:{note}")
+            out.append(f"{pad}{name}:{_note(name, field, model)}")
             out.append(dump_annotated(value, indent + 1))
         else:
-            plain = value if not isinstance(value, tuple) else list(value)
-            text = yaml.safe_dump(plain, default_flow_style=True).strip()
+            text = yaml.safe_dump(plain[name], default_flow_style=True, width=10**6).strip()
             text = text.removesuffix("\n...").removesuffix("...").strip()
-            out.append(f"{pad}{name}: {text}{note}")
+            out.append(f"{pad}{name}: {text}{_note(name, field, model)}")
     return "\n".join(out)

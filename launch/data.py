@@ -1,15 +1,17 @@
 """The run's prompts and demonstrations, tokenised once in the driver.
 
-- Train/eval prompts: the synthetic arithmetic task (disjoint splits) or a veRL parquet/JSONL file
-  (held-out prompts from `data.eval_path`, else the file's last `data.eval_prompts` rows).
+- Train/eval prompts: the synthetic arithmetic task (disjoint splits) or a parquet/JSONL file in a
+  layout `tasks.loaders` recognises, columns overridable with `data.fields` (held-out prompts from
+  `data.eval_path`, else the file's last `data.eval_prompts` rows). Each file's layout is logged once,
+  and so are the prompts skipped for being longer than `data.max_prompt_tokens`.
 - Demonstrations (LUFFY teacher traces, SFT targets): a teacher file given with `--demos`, matched to
   the training prompts by their question text; with the synthetic task and no file, one is written
   into the run folder by `tasks.write_teacher_file` and read back through the same loader, so the
   user's path and the default path are the same code.
 Demonstration token ids end with the tokenizer's eos: a ρ = 1 LUFFY row is the whole trace + eos.
-- Demonstration rewards: each demonstration is scored once, here, with the run's reward function (the
-  actors' `actors.generate.default_reward_fn`) exactly as an actor scores a row -- its token ids decoded
-  with special tokens skipped, against the matched training prompt's ground truth -- so a wrong teacher
+- Demonstration rewards: each demonstration is scored once, here, with the run's reward (`reward.fn`,
+  `tasks.rewards.scorer_for`) exactly as an actor scores a row -- its token ids decoded with special
+  tokens skipped, against the matched training prompt's question, ground truth and extra -- so a wrong teacher
   trace is not reinforced as if it were right. The driver stores these scores with the demonstrations
   (`BufferClient.add_demos(..., rewards=RunData.demo_rewards)`) and the buffer gives them to the ρ = 1
   rows it attaches.
@@ -25,8 +27,10 @@ import numpy as np
 
 from actors.prompts import PromptItem, items_from_records
 from configs.schema import RunConfig
-from tasks import ArithmeticConfig, load_records, make_splits, problem_records, write_teacher_file
+from tasks import ArithmeticConfig, make_splits, problem_records, write_teacher_file
+from tasks.loaders import load_dataset
 from tasks.records import DataError, Record
+from tasks.rewards import scorer_for
 
 
 @dataclass
@@ -45,17 +49,30 @@ def arithmetic_config(cfg: RunConfig) -> ArithmeticConfig:
     return ArithmeticConfig(ops=tuple(a.ops), min_digits=a.min_digits, max_digits=a.max_digits)
 
 
-def load_prompt_records(cfg: RunConfig) -> tuple[list[Record], list[Record]]:
+def read_file(cfg: RunConfig, path: str | Path, *, require_target: bool = False,
+              log: Callable[[str], None] | None = None) -> list[Record]:
+    """The records of one data file with `data.fields` applied; `log` gets its layout in one line."""
+    fields = {ours: col for ours, col in (("prompt", cfg.data.fields.prompt), ("ground_truth", cfg.data.fields.answer),
+                                          ("target", cfg.data.fields.solution)) if col}
+    records, layout = load_dataset(path, fields, require_target=require_target)
+    if log:
+        log(f"[data] {path}: {len(records)} rows, layout {layout.describe()}")
+    return records
+
+
+def load_prompt_records(cfg: RunConfig, log: Callable[[str], None] | None = None,
+                        ) -> tuple[list[Record], list[Record]]:
+    """(training, held-out) records of the run (module docstring)."""
     d = cfg.data
     if d.task == "arithmetic":
         train, held_out = make_splits(d.train_prompts, d.eval_prompts, seed=d.seed, config=arithmetic_config(cfg))
         return problem_records(train, "train"), problem_records(held_out, "eval")
-    records = load_records(d.path)
+    records = read_file(cfg, d.path, log=log)
     if d.eval_path:
-        return records, load_records(d.eval_path)[: d.eval_prompts]
+        return records, read_file(cfg, d.eval_path, log=log)[: d.eval_prompts]
     if len(records) <= d.eval_prompts:
-        raise DataError(f"{d.path}: {len(records)} rows cannot give {d.eval_prompts} held-out prompts and a "
-                        "training set — pass data.eval_path or lower data.eval_prompts")
+        raise DataError(f"data.eval_prompts: {d.path} has {len(records)} rows, too few for {d.eval_prompts} held-out "
+                        "prompts and a training set — lower data.eval_prompts or pass data.eval_path")
     return records[: -d.eval_prompts], records[-d.eval_prompts:]
 
 
@@ -82,7 +99,7 @@ def tokenize_demos(records: list[Record], train: list[Record], tokenizer, source
         if i is None:
             unmatched += 1
             continue
-        ids = tokenizer(rec.target, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(rec.target, add_special_tokens=False, verbose=False)["input_ids"]  # no too-long warning
         demos[i] = np.asarray([*ids, tokenizer.eos_token_id], dtype=np.int32)
     if not demos:
         raise DataError(f"{source}: none of its {len(records)} demonstrations matches a training prompt "
@@ -91,24 +108,36 @@ def tokenize_demos(records: list[Record], train: list[Record], tokenizer, source
 
 
 def score_demos(demos: dict[int, np.ndarray], train: list[Record], tokenizer,
-                reward_fn: Callable[[str, str], float]) -> dict[int, float]:
-    """Reward of each demonstration, keyed like `demos` (prompt_index -> ids): `reward_fn(text,
-    ground truth)` with text = the ids decoded with special tokens skipped (the eos drops out) and the
-    ground truth of training prompt `train[prompt_index]` -- what `actors.generate.GroupSampler` does
-    with a generated row of that prompt."""
+                reward_fn: Callable[[str, str, str, dict], float]) -> dict[int, float]:
+    """Reward of each demonstration, keyed like `demos` (prompt_index -> ids): `reward_fn(question, text,
+    ground truth, extra)` with text = the ids decoded with special tokens skipped (the eos drops out) and
+    the rest from training prompt `train[prompt_index]` -- what `actors.generate.GroupSampler` does with
+    a generated row of that prompt."""
     keys = list(demos)
     texts = tokenizer.batch_decode([demos[i].tolist() for i in keys], skip_special_tokens=True)
-    return {i: float(reward_fn(t, train[i].ground_truth)) for i, t in zip(keys, texts)}
+    return {i: float(reward_fn(train[i].question, t, train[i].ground_truth,
+                               {**train[i].extra_info, "data_source": train[i].data_source}))
+            for i, t in zip(keys, texts)}
+
+
+def too_long(what: str, skipped: int, total: int, cfg: RunConfig) -> str:
+    """The start-up line about prompts skipped for length."""
+    return (f"[data] {skipped} of {total} {what} prompts are longer than data.max_prompt_tokens="
+            f"{cfg.data.max_prompt_tokens} tokens and are skipped — raise data.max_prompt_tokens to keep them")
 
 
 def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
-                  reward_fn: Callable[[str, str], float] | None = None, log: Callable[[str], None] = print,
-                  ) -> RunData:
+                  reward_fn: Callable[[str, str, str, dict], float] | None = None,
+                  log: Callable[[str], None] = print) -> RunData:
     """Prompts and (if `need_demos`) demonstrations with their rewards. reward_fn: the run's reward
-    (default `actors.generate.default_reward_fn()`); log: where the one-line demonstration summary goes."""
-    train_recs, eval_recs = load_prompt_records(cfg)
+    (default `tasks.rewards.scorer_for(cfg)`); log: where the start-up lines go (layouts, prompts skipped
+    for length, the demonstration summary)."""
+    train_recs, eval_recs = load_prompt_records(cfg, log)
     train, skipped = items_from_records(train_recs, tokenizer, cfg.data.max_prompt_tokens)
-    held_out, _ = items_from_records(eval_recs, tokenizer, cfg.data.max_prompt_tokens)
+    held_out, eval_skipped = items_from_records(eval_recs, tokenizer, cfg.data.max_prompt_tokens)
+    for what, n, total in (("training", len(skipped), len(train_recs)), ("held-out", len(eval_skipped), len(eval_recs))):
+        if n:
+            log(too_long(what, n, total, cfg))
     if not train:
         raise DataError(f"no training prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     data = RunData(train, held_out, train_recs, skipped)
@@ -116,15 +145,21 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
         source = demonstration_file(cfg, run_dir)
         if source is None:
             raise DataError("this algorithm needs demonstrations: pass --demos FILE")
-        data.demos = tokenize_demos(load_records(source, require_target=True), train_recs, tokenizer, source)
-        if reward_fn is None:
-            from actors.generate import default_reward_fn
-
-            reward_fn = default_reward_fn()
-        data.demo_rewards = score_demos(data.demos, train_recs, tokenizer, reward_fn)
+        said = cfg.data.demos and cfg.data.demos != cfg.data.path  # a file's layout is logged once
+        records = read_file(cfg, source, require_target=True, log=log if said else None)
+        data.demos = tokenize_demos(records, train_recs, tokenizer, source)
+        scorer = scorer_for(cfg) if reward_fn is None else reward_fn
+        try:
+            data.demo_rewards = score_demos(data.demos, train_recs, tokenizer, scorer)
+        finally:
+            if reward_fn is None:
+                scorer.close()
         data.demos_below_one = sum(r < 1.0 for r in data.demo_rewards.values())
+        failed = scorer.stats() if reward_fn is None else {}
+        errors = failed.get("reward_errors", 0) + failed.get("reward_timeouts", 0)
         log(f"[data] {data.demos_below_one} of {len(data.demos)} demonstrations from {source} score < 1 with the "
-            "run's reward; their rows are trained with that score")
+            "run's reward; their rows are trained with that score"
+            + (f" ({errors} failed to score, first: {failed['reward_first_error']})" if errors else ""))
         with_demo = {i for i in data.demos}
         data.train = [it for it in train if it.prompt_index in with_demo]
         if not data.train:

@@ -1,6 +1,12 @@
 """The driver's training loop: pull a batch → learner step → weight push → new version, with
 evaluation, metrics, checkpoints, actor health, the prompt ledger and a clean Ctrl-C.
 
+No idle learner: the push of version v is started (weights gathered in the serving dtype) and left
+travelling while the loop pulls and trains the batch of version v + 1; it is waited for just before
+the push of v + 1 starts, before an evaluation (which must see version v) and at the end. At most one
+push is in flight, so an actor is never more than one version behind the learner's pushes, and the
+buffer's staleness accounting (which counts from the learner's version) is unchanged.
+
 Ctrl-C (or SIGTERM): actors stop starting prompts and drain what is in flight into the buffer, the
 buffer is snapshotted, a checkpoint is written, and every process is shut down — `--resume RUN_DIR`
 then continues with no prompt skipped or trained twice (the ledger proves it).
@@ -19,9 +25,11 @@ from buffer.client import BufferClient
 from configs.schema import RunConfig
 from launch.data import RunData
 from launch.ledger import Key, PromptLedger
-from launch.metrics import MetricsWriter
+from launch.metrics import MetricsWriter, done_line, run_summary
 from launch.processes import ProcessGraph
 from launch.progress import Progress
+from launch.samples import SampleLog
+from tasks.rewards import first_error, reward_metrics
 
 PULL_POLL_S = 5.0  # how often a waiting driver checks actor health
 
@@ -72,8 +80,11 @@ class Driver:
             else None
         self.step = 0
         self.version = 0
+        self.resumed_from: tuple[Path, ...] = ()  # the checkpoint this run resumed from (never rotated out)
         self._stop_requested = False
         self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (cursor, unfinished prompts)
+        self._reward_error_shown = False
+        self._push_stats: dict = {}  # stats of the last push settled, not reported yet
 
     # ------------------------------------------------------------------ resume
     def restore(self, resume_dir: Path) -> list[Key]:
@@ -83,7 +94,9 @@ class Driver:
 
         ckpt = latest_checkpoint(resume_dir / "checkpoints")
         if ckpt is None:
-            raise FileNotFoundError(f"--resume {resume_dir}: no complete checkpoint under {resume_dir}/checkpoints")
+            raise FileNotFoundError(f"--resume {resume_dir}: no complete checkpoint under {resume_dir}/checkpoints "
+                                    "(complete = a step_<N> directory holding the COMMITTED marker)")
+        self.resumed_from = (ckpt,)
         extra = self.graph.load(ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.ledger = PromptLedger.from_state_dict(extra["ledger"])
@@ -95,16 +108,24 @@ class Driver:
         return self.ledger.accepted(held)
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self) -> Path:
-        ckpt = self.run_dir / "checkpoints" / f"step_{self.step}"
-        snap_name = "buffer.msgpack"
-        staging = self.run_dir / "checkpoints" / f".buffer_step_{self.step}.msgpack"
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        self.client.snapshot(str(staging.resolve()))
+    def checkpoint(self, export: bool = False) -> Path:
+        """checkpoints/step_<step>: staged in .step_<step>.tmp, where the learner ranks write their part
+        and the buffer service its snapshot, then committed (its COMMITTED marker written last) and older
+        checkpoints rotated out (`learner.keep_checkpoints`; never the one this run resumed from). With
+        `export`, the policy is then written as an HF model to hf/step_<step> (`learner.checkpoint`)."""
+        from learner import checkpoint as ckpts
+
+        root = self.run_dir / "checkpoints"
+        final = root / f"step_{self.step}"
+        staged = ckpts.stage(final)
         extra = {"step": self.step, "version": self.version, "ledger": self.ledger.state_dict(),
-                 "buffer_snapshot": snap_name, "algo": self.cfg.algo}
-        self.graph.save(ckpt, extra)
-        staging.replace(ckpt / snap_name)
+                 "buffer_snapshot": "buffer.msgpack", "algo": self.cfg.algo}
+        self.graph.save(staged, extra)
+        self.client.snapshot(str((staged / "buffer.msgpack").resolve()))
+        ckpt = ckpts.commit(staged, final)
+        ckpts.rotate(root, self.cfg.learner.keep_checkpoints, protect=self.resumed_from)
+        if export:
+            ckpts.export_hf(ckpt, self.run_dir / "hf" / f"step_{self.step}")
         return ckpt
 
     # ------------------------------------------------------------------ the loop
@@ -172,26 +193,37 @@ class Driver:
                                   f"{self.graph.pids[i]} and re-synced to version {self.version} in "
                                   f"{time.monotonic() - t0:.0f}s; {notes[i]}")
 
-    def _push_weights(self) -> dict:
-        """Push the current weights to every actor; a push that failed because an actor died restarts it
-        (which re-syncs every actor to this version)."""
+    def _settle_push(self) -> dict | None:
+        """Wait for the weight push in flight (it travels while the learner pulls and trains the next
+        batch) and return its stats ({} when none was in flight). A push that failed because an actor
+        died restarts it, which re-syncs every actor to the current version: then None."""
         if not self.graph.actors:
             return {}
         try:
-            return self.graph.push_weights(self.version)
+            stats = self.graph.finish_push()
+            self._push_stats = stats or self._push_stats  # reported with the next metrics row
+            return stats
         except Exception as e:
             stats, dead = self.graph.actor_stats()
             if not dead:
                 raise
             self._actor_reports.update(stats)
-            self.progress.message(f"[actor] the weight push of version {self.version} failed "
-                                  f"({str(e).strip().splitlines()[-1][:200]})")
+            self.progress.message(f"[actor] a weight push failed ({str(e).strip().splitlines()[-1][:200]})")
             self._restart(dead)
-            return {}
+            return None
+
+    def _sync_weights(self) -> dict:
+        """Settle the previous push, then start pushing the current version (unless a restart just did);
+        returns the stats of the last push settled since the previous call (an evaluation settles too)."""
+        if self._settle_push() is not None and self.graph.actors:
+            self.graph.start_push(self.version)
+        stats, self._push_stats = self._push_stats, {}
+        return stats
 
     def evaluate(self) -> dict:
         if not self.data.eval or not self.graph.actors:
             return {}
+        self._settle_push()  # evaluate the current version
         t0 = time.monotonic()
         try:
             result = self.graph.evaluate(self.data.eval)
@@ -203,7 +235,9 @@ class Driver:
 
     def run(self) -> int:
         cfg, lc = self.cfg, self.cfg.learner
-        writer = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard)
+        writer = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard, from_step=self.step)
+        sample_log = SampleLog(self.run_dir, cfg.logging.samples_every, cfg.logging.samples_per_step,
+                               self.graph.model_dir, text_sink=writer.write_text, from_step=self.step)
         old_int = signal.signal(signal.SIGINT, self._on_signal)
         old_term = signal.signal(signal.SIGTERM, self._on_signal)
         status = 0
@@ -225,7 +259,7 @@ class Driver:
                 self.version += 1
                 self.step += 1
                 t0 = time.monotonic()
-                sync = self._push_weights()
+                sync = self._sync_weights()  # sync: the previous version's push, which overlapped this step
                 sync_s = time.monotonic() - t0
                 self.client.set_version(self.version)
                 now = time.monotonic()
@@ -241,19 +275,28 @@ class Driver:
                     "time/generate_wait_s": wait_s, "time/train_s": train_s, "time/weight_sync_s": sync_s,
                     "time/wall_s": now - t_loop,
                     "weight_sync/gbps": sync.get("gbps"), "weight_sync/refused": sync.get("refused", 0),
+                    "weight_sync/push_s": sync.get("seconds"), "weight_sync/bytes": sync.get("bytes"),
+                    "weight_sync/changed_frac": sync.get("changed_frac"),
                     "buffer/dropped_stale": buf.get("dropped_stale", 0),
                     "buffer/auth_refused": buf.get("auth", {}).get("refused", 0),
                     "buffer/occupancy_groups": buf.get("occupancy_groups", 0),
                     "buffer/filtered": sum(buf.get("filtered", {}).values()),
                     "actors/restarts": self.graph.restarts,
+                    **reward_metrics(self._actor_reports.values()),  # as of the last health check
                 }
                 t_last = now
+                if not self._reward_error_shown and (err := first_error(self._actor_reports.values())):
+                    self._reward_error_shown = True
+                    self.progress.message(f"[reward] a reward call failed and scored 0 (counted in reward/errors; "
+                                          f"shown once): {err}")
                 if lc.eval_every and self.step % lc.eval_every == 0:
                     metrics |= self.evaluate()
-                if lc.save_every and self.step % lc.save_every == 0:
-                    self.checkpoint()
+                export = bool(lc.hf_every) and self.step % lc.hf_every == 0
+                if export or (lc.save_every and self.step % lc.save_every == 0):
+                    self.checkpoint(export=export)
                 writer.write(self.step, metrics)
-                self.progress.update(self.step, metrics)
+                sample_log.write(self.step, groups)
+                self.progress.update(self.step, metrics, every=cfg.logging.log_every)
                 self._check_actors()
         except Stop:
             status = 130
@@ -263,15 +306,24 @@ class Driver:
         try:
             self.progress.close()
             if self.graph.actors:
+                try:
+                    self._settle_push()
+                except Exception as e:  # the checkpoint below matters more than the last push
+                    status = status or 1
+                    self.progress.message(f"[actor] the last weight push failed: {str(e).strip()[:300]}")
                 self.graph.stop_actors(drain=True, timeout_s=120)
             final = self.evaluate() if lc.eval_every and status == 0 and self.step % lc.eval_every else {}
             if final:
                 writer.write(self.step, final)
-            ckpt = self.checkpoint()
-            summary = {"step": self.step, "version": self.version, "checkpoint": str(ckpt), "driver_pid": os.getpid(),
-                       "stopped_early": status != 0, "buffer": self.client.stats()}
+            ckpt = self.checkpoint(export=True)
+            summary = run_summary(
+                algo=cfg.algo, step=self.step, steps=lc.steps, stopped_early=status != 0,
+                elapsed_s=self.progress.elapsed(), training_s=self.progress.training_s(), checkpoint=str(ckpt),
+                model=str(hf) if (hf := self.run_dir / "hf" / f"step_{self.step}").is_dir() else None,
+                evals=writer.eval_summary(),
+                internals={"version": self.version, "driver_pid": os.getpid(), "buffer": self.client.stats()})
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-            self.progress.message(f"[done] {self.step} steps; checkpoint {ckpt}")
+            self.progress.message(done_line(summary))
         finally:
             writer.close()
             self.client.close()

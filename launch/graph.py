@@ -9,8 +9,9 @@ architecture:
 
 Actors generate continuously from their prompt shards, asking the buffer for credit first (so
 `max_staleness` holds by admission); the driver pulls whole groups, has the learner ranks take one
-optimiser step, pushes the new weights to every engine (in flight: generation pauses only while
-weights load), then tells the buffer the new version. `--serial` runs the learner and the actors as
+optimiser step, starts pushing the new weights to every engine (generation pauses only while weights
+load; the push travels while the learner pulls and trains the next batch), then tells the buffer the
+new version. `--serial` runs the learner and the actors as
 plain objects in this process, without Ray (the buffer service and vLLM's engine cores stay
 subprocesses), for debugging with ordinary tools.
 """
@@ -61,6 +62,10 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
         graph.start_actors(actor_cores, skip=skip, version=driver.version)
         graph.connect_weight_sync()
+        ws = cfg.weight_sync
+        if graph.actors:
+            progress.message(f"[graph] weight sync: {ws.backend}, {ws.mode} pushes in {cfg.model.dtype}"
+                             + (f" (a full push every {ws.full_every} versions)" if ws.mode == "delta" else ""))
         if cfg.resume:  # engines started from the initial model: bring them to the checkpoint's weights
             graph.push_weights(driver.version)
         return driver.run()

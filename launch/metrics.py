@@ -1,13 +1,19 @@
-"""Run outputs for metrics: `metrics.jsonl` (one JSON object per optimiser step) and TensorBoard events.
+"""Run outputs for metrics: `metrics.jsonl` (one JSON object per learner step) and TensorBoard events.
 
 Values are converted to plain floats; non-finite values are written as null in JSON (and skipped in
 TensorBoard) so a reader never chokes on NaN. Keys are defined in docs/metrics.md.
+
+A resumed run continues from its checkpoint's step: rows of later steps (written after that
+checkpoint by the interrupted run, trained again now) are removed from metrics.jsonl and purged from
+TensorBoard (`from_step`), so every step appears once. The writer also keeps the held-out accuracies
+seen in the run (`evals`), for the end-of-run summary.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +27,53 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, from_step: int | None = None):
+        """from_step: the step a resumed run continues from; rows of later steps are dropped."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 (closed in close())
+        path = self.run_dir / "metrics.jsonl"
+        kept = [r for r in read_metrics(self.run_dir) if from_step is None or r.get("step", 0) <= from_step] \
+            if path.exists() else []
+        if from_step is not None and path.exists():
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, path)
+        self.evals: dict[int, float] = {r["step"]: r["eval/accuracy"] for r in kept
+                                        if r.get("eval/accuracy") is not None}
+        self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+            purge = from_step + 1 if from_step else None  # hide events of steps trained again
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge)
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": step} | {k: _plain(v) for k, v in metrics.items() if k != "step"}
         self._jsonl.write(json.dumps(row, sort_keys=False) + "\n")
+        if row.get("eval/accuracy") is not None:
+            self.evals[step] = row["eval/accuracy"]
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, global_step=step)
         return row
+
+    def write_text(self, tag: str, text: str, step: int) -> None:
+        """A text entry in TensorBoard (markdown), e.g. samples; nothing without TensorBoard."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, global_step=step)
+
+    def eval_summary(self) -> dict[str, Any]:
+        """{final_eval_accuracy, final_eval_step, best_eval_accuracy, best_eval_step} over the run's
+        evaluations (None when there was none); the best is the earliest step of the highest accuracy."""
+        if not self.evals:
+            return {"final_eval_accuracy": None, "final_eval_step": None, "best_eval_accuracy": None,
+                    "best_eval_step": None}
+        last = max(self.evals)
+        best = min(self.evals, key=lambda s: (-self.evals[s], s))
+        return {"final_eval_accuracy": self.evals[last], "final_eval_step": last,
+                "best_eval_accuracy": self.evals[best], "best_eval_step": best}
 
     def close(self) -> None:
         self._jsonl.close()
@@ -58,3 +93,29 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def run_summary(*, algo: str, step: int, steps: int, stopped_early: bool, elapsed_s: float, training_s: float,
+                checkpoint: str, model: str | None, evals: dict[str, Any], internals: dict[str, Any]) -> dict[str, Any]:
+    """summary.json: the results a user reads first (steps reached, held-out accuracy at the end and at
+    its best, times, the resume checkpoint and the exported HF model), then the run's internals (version,
+    driver pid, buffer statistics). elapsed_s: this process's wall time, start-up included; training_s:
+    since its first step."""
+    return {"algo": algo, "step": step, "steps": steps, "stopped_early": stopped_early, **evals,
+            "elapsed_s": round(elapsed_s, 1), "training_s": round(training_s, 1), "checkpoint": checkpoint,
+            "model": model, **internals}
+
+
+def done_line(summary: dict[str, Any]) -> str:
+    """The console's last line of a run, from its summary."""
+    from launch.progress import fmt_duration
+
+    s = summary
+    head = f"stopped at step {s['step']} of {s['steps']}" if s["stopped_early"] else f"{s['step']} steps"
+    acc = ""
+    if s.get("final_eval_accuracy") is not None:
+        acc = f"; held-out accuracy {s['final_eval_accuracy']:.3f} (step {s['final_eval_step']})"
+        if s["best_eval_step"] != s["final_eval_step"]:
+            acc += f", best {s['best_eval_accuracy']:.3f} at step {s['best_eval_step']}"
+    where = f"model {s['model']}" if s.get("model") else f"checkpoint {s['checkpoint']}"
+    return f"[done] {head} in {fmt_duration(s['elapsed_s'])} (training {fmt_duration(s['training_s'])}){acc}; {where}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from buffer.records import DEMO_VERSION, Group, Sample
-from configs.schema import RunConfig
+from configs.schema import DataConfig, RunConfig
 
 
 def _key(payload: dict) -> str:
@@ -37,7 +37,11 @@ def demo_group(prompt_ids, demo_ids: np.ndarray, index: int) -> Group:
 
 def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], prompts: dict[int, tuple[int, ...]],
             steps: int, out_dir: Path, log=print) -> Path:
-    """`steps` optimiser steps of SFT (cfg.algo must be 'sft') on `demos`; saves an HF dir at `out_dir`."""
+    """`steps` optimiser steps of SFT (cfg.algo must be 'sft') on `demos`; exports an HF dir (fp32 weights)
+    to `out_dir` from a checkpoint beside it, which is then removed."""
+    import torch
+
+    from learner.checkpoint import export_hf
     from learner.learner import Learner
 
     learner = Learner(cfg, rank=0, world_size=1, model_dir=model_dir)
@@ -54,12 +58,22 @@ def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], promp
         metrics = learner.step([demo_group(prompts[i], demos[i], i) for i in batch], version=step)
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             log(f"[sft] step {step + 1}/{steps} nll {metrics.get('sft/nll', metrics.get('loss/total')):.4f}")
-    learner.save(out_dir)
+    ckpt = out_dir.with_name(out_dir.name + ".checkpoint")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    export_hf(learner.save(ckpt), out_dir, dtype=torch.float32)
+    shutil.rmtree(ckpt)
     import torch.distributed as dist
 
     if dist.is_initialized():  # the one-rank learner made a private process group
         dist.destroy_process_group()
     return out_dir
+
+
+def warmup_data(cfg: RunConfig) -> DataConfig:
+    """The data of the tiny model's SFT warm-up: the synthetic task with the run's `data.arithmetic`, sizes
+    and seed, whatever the run trains on (a user's file has no demonstrations to warm up on)."""
+    return cfg.data.model_copy(update={"task": "arithmetic", "path": None, "eval_path": None, "demos": None},
+                               deep=True)
 
 
 def prepare_model(cfg: RunConfig, log=print) -> Path:
@@ -72,6 +86,10 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
     from configs.loading import resolve
     from tasks import build_tiny_model, demonstration_records, make_splits
 
+    if cfg.data.task == "file":
+        log("[model] the built-in tiny model (a character tokenizer, warmed up on the synthetic arithmetic task) "
+            "will score near 0 on your data — pass --model DIR for a real model")
+
     t = cfg.model.tiny
     base_key = _key({"tiny": t.model_dump(), "seed": cfg.seed})
     root = Path(cfg.model.cache_dir)
@@ -83,11 +101,13 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
     # constant LR after a short warm-up: a cosine decay over so few steps leaves the model far weaker
     sft_cfg = resolve("sft", flags={"model.dtype": cfg.model.dtype, "seed": cfg.seed,
                                     "learner.steps": cfg.model.sft_warmup_steps, "learner.lr_schedule": "constant"})
-    sft_cfg.data = cfg.data.model_copy(deep=True)
-    warm_key = _key({"base": base_key, "learner": sft_cfg.learner.model_dump(), "data": cfg.data.model_dump(),
+    warm_data = warmup_data(cfg)
+    sft_cfg.data = warm_data
+    warm_key = _key({"base": base_key, "learner": sft_cfg.learner.model_dump(),
+                     "data": warm_data.model_dump(exclude={"fields"}),
                      "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype})
     out = root / f"tiny-{base_key}-sft-{warm_key}"
-    if (out / "learner_state.json").is_file():
+    if (out / "config.json").is_file():  # `out` appears by a rename, complete
         return out
     log(f"[model] warming the tiny model up with {cfg.model.sft_warmup_steps} SFT steps on noisy demonstrations "
         f"(error rate {cfg.model.sft_error_rate:g}); cached in {out}")

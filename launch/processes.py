@@ -119,8 +119,19 @@ class ProcessGraph:
     def step(self, groups, version: int) -> dict:
         return self._get([r.step.remote(groups, version) for r in self.ranks])[0]
 
+    def start_push(self, version: int) -> None:
+        """Gather the weights on every rank and start sending them as `version` (rank 0 sends in the
+        background: `finish_push` waits for it, and a new `start_push` waits for the previous one)."""
+        self._get([r.push_weights.remote(version) for r in self.ranks])
+
+    def finish_push(self) -> dict:
+        """Stats of the push in flight once every actor has loaded it ({} when none); raises its error."""
+        return self._get(self.ranks[0].push_result.remote())
+
     def push_weights(self, version: int) -> dict:
-        return self._get([r.push_weights.remote(version) for r in self.ranks])[0]
+        """Push `version` and wait until every actor has loaded it."""
+        self.start_push(version)
+        return self.finish_push()
 
     def save(self, path: Path, extra_state: dict) -> None:
         self._get([r.save.remote(str(path), extra_state) for r in self.ranks])

@@ -121,6 +121,7 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         rollout.gpus_per_actor  auto -> rollout.engine.tensor_parallel_size with GPUs, else 0
         learner.gpus_per_rank   auto -> 1 with GPUs, else 0
         model.dtype             auto -> bfloat16 with GPUs, else float32
+        weight_sync.backend     auto -> nccl when learner ranks and actors both have GPUs, else gloo
 
     Raises `ResourceError` for requests that cannot work there: 0 GPUs for a role on a cluster with
     GPUs (each vLLM engine and each learner rank would open GPU 0 and the second one fails), or
@@ -136,6 +137,9 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         lr.gpus_per_rank = 1.0 if gpus else 0.0
     if out.model.dtype == "auto":
         out.model.dtype = "bfloat16" if gpus else "float32"
+    both_gpu = lr.gpus_per_rank > 0 and r.gpus_per_actor > 0
+    if out.weight_sync.backend == "auto":
+        out.weight_sync.backend = "nccl" if both_gpu else "gloo"
     total = f"{sum(n.gpus for n in nodes):g}"
     problems = []
     if gpus and actor_count(out) and r.gpus_per_actor == 0:
@@ -144,6 +148,10 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
     if gpus and lr.gpus_per_rank == 0:
         problems.append(f"learner.gpus_per_rank=0 on a cluster with {total} GPUs: every learner rank would open "
                         "GPU 0 — use --set learner.gpus_per_rank=auto (1 per rank)")
+    if out.weight_sync.backend == "nccl" and actor_count(out) and not both_gpu:
+        problems.append("weight_sync.backend=nccl needs GPUs on the learner ranks and on the actors "
+                        f"(learner.gpus_per_rank={lr.gpus_per_rank:g}, rollout.gpus_per_actor={r.gpus_per_actor:g}) "
+                        "— use --set weight_sync.backend=gloo (or auto)")
     if not gpus and tp > 1 and actor_count(out):
         problems.append(f"rollout.engine.tensor_parallel_size={tp} shards each engine over GPUs but there are "
                         "none — use --set rollout.engine.tensor_parallel_size=1")

@@ -11,10 +11,13 @@ chosen in the rank's own process, on its own node (`node_host`), and advertised 
 
 from __future__ import annotations
 
+import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
 
 
 def node_host(cluster: bool) -> str:
@@ -70,6 +73,8 @@ class LearnerRank:
             os.environ.update({"MASTER_ADDR": url.hostname, "MASTER_PORT": str(url.port)})
         self.cfg, self.rank, self.cluster, self._rendezvous = cfg, rank, cluster, rendezvous
         self.sender = None
+        self._push: Future | None = None  # rank 0's push in flight (push_weights / push_result)
+        self._push_thread = ThreadPoolExecutor(1, thread_name_prefix="weight-push")
         build = ThreadPoolExecutor(1, thread_name_prefix=f"learner-rank-{rank}")
         self._built = build.submit(Learner, cfg, rank=rank, world_size=world_size, model_dir=model_dir,
                                    init_method=rendezvous)
@@ -92,10 +97,14 @@ class LearnerRank:
 
         self._built.result()
         if self.sender is not None:
-            self.sender.close()
+            self.sender.close()  # a push still in flight on it fails at once and is dropped:
+            self.push_result(raise_error=False)  # the new group starts with a full push of the current version
         ws = self.cfg.weight_sync
+        engine = self.cfg.rollout.engine
         self.sender = WeightSender(num_receivers, host=node_host(self.cluster), port=0, token=token,
-                                   bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s)
+                                   bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s, backend=ws.backend,
+                                   tp=engine.tensor_parallel_size,
+                                   mode=ws.mode, full_every=ws.full_every)
         return self.sender.address
 
     def connect_sender(self) -> None:
@@ -105,15 +114,34 @@ class LearnerRank:
     def step(self, groups, version: int) -> dict:
         return self.learner.step(groups, version)
 
-    def push_weights(self, version: int) -> dict:
-        """Every rank must call this (the full weights are gathered collectively)."""
+    def push_weights(self, version: int) -> None:
+        """Start pushing the current weights as `version`; every rank must call this (the weights are
+        gathered collectively, in the serving dtype, on the calling thread). Rank 0 then sends them on a
+        background thread, so the learner goes on (pulling and training the next batch) while they
+        travel; `push_result` waits for that send. A push still in flight is waited for first."""
         from weightsync.sender import drain
 
-        weights = self.learner.named_full_weights()
+        weights = self.learner.named_full_weights(self.learner.compute_dtype)
         if self.sender is None:
             drain(weights)
+            return
+        self.push_result()
+        payload = self.sender.prepare(weights, version)  # owns copies: the optimiser may now move on
+        self._push = self._push_thread.submit(self.sender.send, payload)
+
+    def push_result(self, raise_error: bool = True) -> dict:
+        """Stats of the push in flight once it has landed on every actor ({} when none is in flight);
+        its `WeightSyncError` is raised here (or only logged when not `raise_error`)."""
+        push, self._push = self._push, None
+        if push is None:
             return {}
-        return self.sender.push(weights, version)
+        try:
+            return push.result()
+        except Exception:
+            if raise_error:
+                raise
+            logger.warning("a weight push in flight was dropped", exc_info=True)
+            return {}
 
     def save(self, path: str, extra_state: dict) -> str:
         return str(self.learner.save(Path(path), extra_state))
@@ -126,6 +154,8 @@ class LearnerRank:
 
         if self.sender is not None:
             self.sender.close()
+            self.push_result(raise_error=False)
+        self._push_thread.shutdown(wait=False)
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -1,17 +1,49 @@
-"""Entry point of a training run: run folder, resolved config, resource check, then the process graph."""
+"""Entry point of a training run: run folder, resolved config, resource check, a quiet console, then the
+process graph (in a supervised child, `launch.supervisor`), and what to do next when it stops."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
-from configs.loading import ConfigError, dump_annotated, read_yaml, resolve
+from configs.loading import ConfigError, dump_annotated
 from configs.schema import RunConfig
 from launch.cluster import ClusterInfo
+from launch.preflight import PreflightError, preflight
 from launch.progress import Progress
 from launch.resources import ResourceError, plan
+from launch.rundir import ResumePlan, check_new_run_dir, checkpoint_step, clear_run_dir, show_value
 from launch.storage import absolutize
+
+# Other programs' console output that says nothing about the run (logging.verbose=false): Python
+# warnings of libraries (FutureWarning, DeprecationWarning, torch's note on read-only NumPy arrays),
+# transformers' warnings (e.g. "Token indices sequence length is longer than ...") and HF / tqdm
+# progress bars (weight loading, in every process). Set in this process's environment before anything
+# starts, so every process of the run inherits them: the supervised child, Ray's workers (a local Ray is
+# started by the child), vLLM's engine processes. A variable the user set is left as it is.
+QUIET_ENV = {
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning,ignore:The given NumPy array is not writable",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+}
+
+
+def quiet_env(cfg: RunConfig, starts_local_ray: bool, environ: dict[str, str]) -> dict[str, str]:
+    """The variables to add to `environ` for the run's console (QUIET_ENV; {} with logging.verbose).
+    A local Ray gets RAY_AUTH_MODE=token: what Ray 2.60 does for a new local cluster anyway, minus its
+    warning that it did so (a cluster joined keeps the user's setting, docs/running.md)."""
+    if cfg.logging.verbose:
+        return {}
+    add = dict(QUIET_ENV)
+    if starts_local_ray:
+        add["RAY_AUTH_MODE"] = "token"
+    return {k: v for k, v in add.items() if k not in environ}
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -22,38 +54,77 @@ def run_dir_for(cfg: RunConfig) -> Path:
     return Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def resumed_config(cfg: RunConfig) -> RunConfig:
-    """`--resume DIR` continues DIR's own configuration (its config.yaml); only `learner.steps` may grow."""
-    path = Path(cfg.resume) / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"--resume {cfg.resume}: not a run folder (no config.yaml)")
-    saved = resolve(config_file=str(path), overrides=[f"learner.steps={cfg.learner.steps}"])
-    saved.resume = cfg.resume
-    return saved
+def write_config(run_dir: Path, cfg: RunConfig) -> None:
+    """config.yaml, replaced atomically (a resume rewrites it with its `resumed:` record)."""
+    tmp = run_dir / ".config.yaml.tmp"
+    tmp.write_text(dump_annotated(cfg) + "\n")
+    os.replace(tmp, run_dir / "config.yaml")
 
 
-def train(cfg: RunConfig) -> int:
+def resume_lines(resume: ResumePlan, run_dir: Path) -> list[str]:
+    """What a resume says before it starts: the step, each change, and the LR the stretched schedule
+    moves to when learner.lr_horizon_steps was raised on a decaying schedule."""
+    show = ", ".join(f"{k} {show_value(a)} -> {show_value(b)}" for k, (a, b) in resume.changes.items())
+    lines = [f"[resume] {run_dir} from step {resume.step} to step {resume.cfg.learner.steps}: {show or 'no changes'}"]
+    lc = resume.cfg.learner
+    old_h, new_h = resume.changes.get("learner.lr_horizon_steps", [None, None])
+    old_h = old_h or resume.changes.get("learner.steps", [lc.steps])[0]  # null = the run's steps then
+    if new_h is not None and new_h != old_h and lc.lr_schedule != "constant":
+        from learner.optim import lr_at
+
+        updates = lc.mini_batches * lc.epochs
+        at = resume.step * updates
+
+        def lr(h: int) -> float:
+            return lr_at(at, peak=lc.lr, warmup=lc.warmup_steps, total=h * updates, schedule=lc.lr_schedule)
+
+        lines.append(f"[resume] the {lc.lr_schedule} LR schedule now ends at step {new_h} instead of {old_h}: "
+                     f"lr at the next optimiser step {lr(old_h):.3g} -> {lr(new_h):.3g}")
+    return lines
+
+
+def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None) -> int:
+    """Start the run `cfg` (a new one, or `resume`'s continuation); returns the exit status."""
     try:
-        address = cfg.ray_address  # this invocation's, also on --resume: the cluster is where the run goes on
-        if cfg.resume:
-            cfg = resumed_config(cfg)
-        cluster = ClusterInfo.discover(address, serial=cfg.serial)
+        run_dir = run_dir_for(cfg).absolute()
+        if resume is None:
+            check_new_run_dir(run_dir, force)
+        preflight(cfg)  # every file and plugin the run names, before Ray or a run folder exists
+        cluster = ClusterInfo.discover(cfg.ray_address, serial=cfg.serial)
         cfg = cluster.resolve(cfg)  # "auto" decided, ray_address = the cluster joined: what config.yaml records
         cfg = absolutize(cfg, Path.cwd())  # every node must find the same files (launch.storage)
         plan(cfg, cluster.nodes, joined=cluster.cluster)
-    except (ConfigError, ResourceError) as e:
+    except (ConfigError, ResourceError, PreflightError) as e:
         print(f"algo-train: {e}", file=sys.stderr)
         return 2
-    run_dir = run_dir_for(cfg).absolute()
+    if force:
+        clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not cfg.resume:
-        (run_dir / "config.yaml").write_text(dump_annotated(cfg) + "\n")
-    else:
-        read_yaml(run_dir / "config.yaml")  # still valid YAML
+    write_config(run_dir, cfg)
+    os.environ.update(quiet_env(cfg, starts_local_ray=not cfg.serial and not cluster.cluster, environ=os.environ))
     progress = Progress(cfg.learner.steps, cfg.logging.progress)
     progress.message(f"[run] {cluster.describe()}")
     progress.message(f"[run] {cfg.algo}: {cfg.rollout.num_actors} actor(s), {cfg.learner.world_size} learner "
                      f"rank(s), max_staleness {cfg.buffer.max_staleness}, {cfg.learner.steps} steps -> {run_dir}")
+    for line in resume_lines(resume, run_dir) if resume is not None else ():
+        progress.message(line)
     from launch.supervisor import supervise
 
-    return supervise(cfg, run_dir)
+    status = supervise(cfg, run_dir)
+    after = after_run(status, run_dir)
+    if after:
+        print(after, file=sys.stderr)
+    return status
+
+
+def after_run(status: int, run_dir: Path) -> str | None:
+    """What to do next when a run stopped before its end: the exact resume command (Ctrl-C: 130; an
+    error: any status but 0 and 2), or how to start over when it left no checkpoint."""
+    if status in (0, 2):
+        return None
+    step = checkpoint_step(run_dir)
+    why = "stopped" if status == 130 else f"failed (exit status {status})"
+    if step is None:
+        return f"[stop] the run {why} before its first checkpoint; start it over: --output {run_dir} --force"
+    fix = "" if status == 130 else " once the cause is fixed"
+    return f"[stop] the run {why}; continue from step {step}{fix}: algo-train --resume {run_dir}"

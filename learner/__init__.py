@@ -5,10 +5,11 @@ Public API (everything else is an implementation module):
     .step(groups, version) -> metrics            every rank, same groups (mini_batches × epochs optimiser steps)
     .named_full_weights()                        (HF name, full tensor) for the weight-sync sender;
                                                  every rank iterates it (collective)
-    .save(path, extra_state) / .load(path)       atomic HF-format checkpoints + exact-resume state
+    .save(path, extra_state) / .load(path)       sharded exact-resume state, every rank its own shards
   LearnerGroup(cfg, world_size, model_dir)       N ranks as local processes (learner.launch)
   spawn_ranks(fn, world_size, *args)             run fn(rank, world_size, *args) on N processes
-  latest_checkpoint(checkpoints_dir)             newest complete step_<N> directory
+  latest_checkpoint(checkpoints_dir)             newest committed step_<N> directory
+  export_hf(checkpoint, out)                     the policy of a checkpoint as an HF model directory
   PROVIDERS / register_provider                  StepBatch inputs by name (learner.providers)
   ProcessRewardModel, RuleStepChecker, HFTokenClassificationPRM   PURE's PRM interface (learner.pure_prm)
 Imports are lazy so `import learner` stays cheap and torch.distributed is touched only on use.
@@ -23,6 +24,7 @@ _EXPORTS = {
     "LearnerGroup": "learner.launch",
     "spawn_ranks": "learner.launch",
     "latest_checkpoint": "learner.checkpoint",
+    "export_hf": "learner.checkpoint",
     "PROVIDERS": "learner.providers",
     "register_provider": "learner.providers",
     "ProcessRewardModel": "learner.pure_prm",

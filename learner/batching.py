@@ -5,8 +5,12 @@ Why it is shaped like this:
   deterministically (which groups each rank trains, how each rank cuts its rows into micro-batches),
   so no collective is needed to agree on it; `Learner` checks the agreement with one checksum.
 - Ranks get whole groups (group statistics stay local to a rank's rows), balanced by token count.
-- Micro-batches are cut from length-sorted rows (or whole groups when the spec asks) and padded
-  only to their own longest sequence. FSDP forward/backward are collectives, so every rank must run
+- Micro-batches are cut from length-sorted rows (or whole groups when the spec asks), by a row cap
+  and optionally a token budget. Packed (`learner.packing`, the default), a micro-batch is its rows
+  back to back in one sequence with per-row position ids and no padding (`learner.packed_attention`
+  keeps attention inside each row); padded, each row is padded to the micro-batch's longest
+  sequence. Either way the model outputs scatter back to the same [rows, width] layout the losses
+  read. FSDP forward/backward are collectives, so every rank must run
   the same number of micro-batches: short plans are evened out by splitting their largest
   micro-batch, and only when nothing can be split by a dummy micro-batch (`None`) that contributes
   zero loss.
@@ -139,31 +143,34 @@ def shard_groups(rows: list[Row], world_size: int, indices: list[int] | None = N
 
 
 def plan_microbatches(rows: list[Row], indices: list[int], max_rows: int, *, whole_groups: bool = False,
-                      max_tokens: int | None = None) -> list[list[int]]:
+                      max_tokens: int | None = None, packed: bool = False) -> list[list[int]]:
     """Cut the rows `indices` into micro-batches of at most `max_rows` rows and (optionally) at most
-    `max_tokens` padded tokens (rows × longest sequence). Longest first, so each micro-batch holds
-    similar lengths. With `whole_groups` the units are groups: a group is never split (a group larger
-    than the limits forms a micro-batch of its own)."""
+    `max_tokens` tokens: Σ sequence lengths when `packed`, rows × longest sequence when padded.
+
+    Units (rows, or whole groups with `whole_groups`: a group is never split) are taken longest first.
+    Padded, each unit joins the last micro-batch or opens the next (so a micro-batch holds similar
+    lengths); packed, it joins the first micro-batch it fits in (first-fit decreasing: lengths need
+    not match, so fewer micro-batches). A unit beyond the limits on its own forms a micro-batch alone.
+    """
     if max_rows < 1:
         raise ValueError(f"micro-batch size must be >= 1 row, got {max_rows}")
     units: dict[int, list[int]] = {}
     for i in indices:
         units.setdefault(rows[i].group if whole_groups else i, []).append(i)
     unit_list = sorted(units.values(), key=lambda u: (-max(rows[i].seq_len for i in u), u[0]))
+
+    def cost(mb: list[int]) -> int:
+        lengths = [rows[i].seq_len for i in mb]
+        return sum(lengths) if packed else len(lengths) * max(lengths)
+
     plan: list[list[int]] = []
-    cur: list[int] = []
-    cur_len = 0
     for u in unit_list:
-        u_len = max(rows[i].seq_len for i in u)
-        new_len = max(cur_len, u_len)
-        fits = len(cur) + len(u) <= max_rows and (max_tokens is None or (len(cur) + len(u)) * new_len <= max_tokens)
-        if cur and not fits:
-            plan.append(cur)
-            cur, new_len = [], u_len
-        cur = cur + u
-        cur_len = new_len
-    if cur:
-        plan.append(cur)
+        for mb in plan if packed else plan[-1:]:
+            if len(mb) + len(u) <= max_rows and (max_tokens is None or cost(mb + u) <= max_tokens):
+                mb.extend(u)
+                break
+        else:
+            plan.append(list(u))
     return plan
 
 
@@ -198,18 +205,21 @@ def _units(mb: list[int], rows: list[Row], whole_groups: bool) -> list[list[int]
 
 @dataclass
 class MicroBatch:
-    """Model inputs of one micro-batch (rows padded to their own longest sequence)."""
+    """Model inputs of one micro-batch: its rows padded to their longest sequence ([b, L]), or, when
+    `row_bounds` is set, packed back to back in one sequence ([1, S], S = Σ sequence lengths)."""
 
     rows: list[int]  # global row indices, in the order of the tensors below
-    input_ids: torch.Tensor  # [b, L]
-    attention_mask: torch.Tensor | None  # [b, L], None when no row is padded
-    positions: torch.Tensor  # [N] flat index (row·L + position) of the hidden state predicting each target
+    input_ids: torch.Tensor  # [b, L] padded, [1, S] packed
+    attention_mask: torch.Tensor | None  # [b, L] when some row is padded, else None
+    positions: torch.Tensor  # [N] flat index into input_ids of the hidden state predicting each target
     targets: torch.Tensor  # [N] response token ids
     row_of: torch.Tensor  # [N] row (0..b-1) of each target
     col_of: torch.Tensor  # [N] response position of each target
     width: int  # longest response in the micro-batch
     num_tokens: int  # prompt + response tokens (throughput accounting)
     dummy: bool = False
+    position_ids: torch.Tensor | None = None  # [1, S] packed: position within its own row (0 at each row start)
+    row_bounds: tuple[int, ...] | None = None  # packed: start of each row in S, then S
 
     def scatter(self, flat: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """[N] per-target values -> [b, width] (fill elsewhere)."""
@@ -217,23 +227,42 @@ class MicroBatch:
         out[self.row_of, self.col_of] = flat
         return out
 
+    def inputs(self) -> dict:
+        """Keyword arguments of `TokenScorer.forward` for this micro-batch."""
+        return dict(input_ids=self.input_ids, attention_mask=self.attention_mask, positions=self.positions,
+                    targets=self.targets, position_ids=self.position_ids, row_bounds=self.row_bounds)
 
-def make_microbatch(rows: list[Row], indices: list[int] | None, pad_id: int, device: torch.device) -> MicroBatch:
-    """Tensors of a micro-batch; `indices=None` makes the one-token dummy used to even out plans."""
+
+def make_microbatch(rows: list[Row], indices: list[int] | None, pad_id: int, device: torch.device,
+                    packed: bool = False) -> MicroBatch:
+    """Tensors of a micro-batch, padded or `packed`; `indices=None` makes the one-token dummy used to
+    even out plans. Row b's sequence (prompt + response[:-1]) starts at flat index start_b (b·L padded,
+    Σ of the earlier rows' lengths packed); its hidden state at start_b + P − 1 + t predicts response
+    token t."""
     if indices is None:
         z = torch.zeros(1, dtype=torch.long, device=device)
         return MicroBatch([], torch.full((1, 1), pad_id, dtype=torch.long, device=device), None, z, z, z, z,
                           width=1, num_tokens=0, dummy=True)
     seqs = [np.concatenate([rows[i].prompt, rows[i].response[:-1]]) for i in indices]
-    length = max(len(s) for s in seqs)
-    ids = np.full((len(seqs), length), pad_id, dtype=np.int64)
-    att = np.zeros((len(seqs), length), dtype=np.int64)
+    lengths = np.array([len(s) for s in seqs])
+    mask, extra = None, {}
+    if packed:
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        ids = np.concatenate(seqs)[None]
+        extra = dict(position_ids=torch.from_numpy(np.concatenate([np.arange(n) for n in lengths])[None]).to(device),
+                     row_bounds=tuple(int(x) for x in starts))
+    else:
+        length = int(lengths.max())
+        starts = np.arange(len(seqs)) * length
+        ids = np.full((len(seqs), length), pad_id, dtype=np.int64)
+        for b, s in enumerate(seqs):
+            ids[b, :len(s)] = s
+        if (lengths < length).any():
+            mask = torch.from_numpy((np.arange(length)[None] < lengths[:, None]).astype(np.int64)).to(device)
     pos, tgt, row_of, col_of = [], [], [], []
-    for b, (i, s) in enumerate(zip(indices, seqs)):
-        ids[b, :len(s)] = s
-        att[b, :len(s)] = 1
+    for b, i in enumerate(indices):
         p, t = len(rows[i].prompt), len(rows[i].response)
-        pos.append(b * length + p - 1 + np.arange(t))
+        pos.append(starts[b] + p - 1 + np.arange(t))
         tgt.append(rows[i].response)
         row_of.append(np.full(t, b))
         col_of.append(np.arange(t))
@@ -242,9 +271,9 @@ def make_microbatch(rows: list[Row], indices: list[int] | None, pad_id: int, dev
     def cat(parts: list[np.ndarray]) -> torch.Tensor:
         return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
 
-    mask = None if att.all() else torch.from_numpy(att).to(device)
-    return MicroBatch(list(indices), torch.from_numpy(ids).to(device), mask, cat(pos), cat(tgt), cat(row_of),
-                      cat(col_of), width=max(width, 1), num_tokens=int(sum(rows[i].num_tokens for i in indices)))
+    return MicroBatch(list(indices), torch.from_numpy(ids.astype(np.int64)).to(device), mask, cat(pos), cat(tgt),
+                      cat(row_of), cat(col_of), width=max(width, 1),
+                      num_tokens=int(sum(rows[i].num_tokens for i in indices)), **extra)
 
 
 def pad_rows(rows: list[Row], indices: list[int], field: str, width: int, dtype: torch.dtype,

@@ -1,21 +1,36 @@
-"""Checkpoints: HF-format weights that transformers and vLLM load directly, plus exact-resume state.
+"""Checkpoints: sharded exact-resume state that every rank writes itself, one commit marker, rotation,
+and HF exports of the policy that transformers and vLLM load.
 
 Layout of `checkpoints/step_<N>/`:
-  config.json, generation_config.json, model.safetensors, tokenizer files   (HF; weights in the
-      master dtype, fp32, so a resume is exact; config's dtype is the run's compute dtype, so vLLM
-      serves it in bf16 when the run trains in bf16)
-  train_state/optimizer.safetensors   full (unsharded) AdamW moments keyed "<hf param name>::<state key>"
-  train_state/rng/rank_<r>.{safetensors,json}   torch/CUDA/numpy/python RNG states of each rank
-      (in a subdirectory: vLLM loads every *.safetensors file at the top level as weights)
-  learner_state.json           step counters, versions, world size, algorithm (written last)
-  extra_state.json             free-form JSON the orchestrator passes (buffer snapshot, data cursor)
-  <provider>/...               auxiliary-model state (e.g. the PRIME PRM: weights, optimiser, version)
-Everything is unsharded, so a run may resume on a different number of ranks. Nothing is pickled.
+  policy/shard-<r+1>-model-00001-of-00001.safetensors   rank r's pieces of the policy (`save_sharded`):
+      "model.<fqn>" fp32 master weights, "optim.state.<fqn>.<key>" AdamW moments and step counter
+  prime_prm/shards/..., prime_prm/prm_state.json        an auxiliary trainable model's (PRIME's PRM), same form
+  rng/rank_<r>.{safetensors,json}                        each rank's torch/CUDA/numpy/python RNG states
+  hf_config/                                             config.json (dtype = the serving dtype),
+                                                         generation_config.json, tokenizer files (for `export_hf`)
+  extra_state.json                                       the caller's JSON (driver: ledger, step, snapshot name)
+  learner_state.json                                     counters, versions, world size, algorithm (learner, last)
+  buffer.msgpack                                         the buffer snapshot (driver)
+  COMMITTED                                              written last, by `commit`: the checkpoint is complete
+An export (`export_hf`, the driver writes `<run>/hf/step_<N>/`): config, tokenizer and the policy's
+weights in the serving dtype, as `model.safetensors` or `model-<i>-of-<n>.safetensors` + index.
 
-Atomicity: ranks write into `.step_<N>.tmp` beside the target; after a barrier rank 0 fsyncs and
-renames it into place (an older directory of the same name is moved aside first and removed after).
-A crash before the rename leaves the previous checkpoints untouched; `latest_checkpoint` ignores
-temporary directories and directories without `learner_state.json`.
+Sharding: `torch.distributed.checkpoint` (DCP) with its HF safetensors storage: each rank writes the
+shards it holds into a file of its own (one file per rank and directory), whose safetensors header
+records, in JSON, where each piece sits in the full tensor; a reader of any world size maps the pieces
+it needs from those offsets (resharding: a run may resume on another number of ranks). Nothing is
+pickled — a deviation from DCP's default storage, whose `.metadata` file and non-tensor entries are
+pickles. The price: only tensors are stored, so the optimiser's param_groups are not (every value in
+them comes from the config, and the LR is written by the schedule before each step, `learner.optim`).
+Tied parameters (embeddings) are stored once, under the name `named_parameters` keeps.
+
+Completeness: the learner writes its part into a directory (`Learner.save`; ranks wait for each
+other, then rank 0 writes learner_state.json); the driver stages a checkpoint in `.step_<N>.tmp`
+(`stage`), adds the buffer snapshot and calls `commit`, which fsyncs everything, writes COMMITTED
+and renames the directory into place. `latest_checkpoint` and a resume count a directory only with
+COMMITTED, so a crash at any point leaves the previous checkpoints as they were. Re-saving a step that
+already has a checkpoint swaps the old one out with two renames (the old one is gone only between them).
+`rotate` keeps the newest K; it removes a checkpoint's marker before its files.
 """
 
 from __future__ import annotations
@@ -26,84 +41,33 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
-from learner.fsdp import copy_full_into, ensure_sharded, full_state_on_rank0, hf_name
+from learner.fsdp import ensure_sharded, hf_name
 
 STATE_FILE = "learner_state.json"
-TRAIN_STATE = "train_state"
+COMMITTED = "COMMITTED"
+EXPORT_SHARD_BYTES = 2 << 30  # an export's weights files hold at most this many bytes each (serving dtype)
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-@contextmanager
-def atomic_dir(final: Path, rank: int) -> Iterator[Path]:
-    """Yield a temporary directory every rank writes into; on exit it replaces `final` atomically."""
-    final = Path(final)
-    tmp = final.parent / f".{final.name}.tmp"
-    if rank == 0:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        for stale in list(final.parent.glob(".*.tmp")) + list(final.parent.glob(".*.old")):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a crash mid-save
-        tmp.mkdir()
-        (tmp / TRAIN_STATE).mkdir()
-    _barrier()
-    try:
-        yield tmp
-    except BaseException:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _barrier()
-    if rank == 0:
-        _fsync_tree(tmp)
-        old = final.parent / f".{final.name}.old"
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_dir(final.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    _barrier()
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def latest_checkpoint(checkpoints_dir: str | Path) -> Path | None:
-    """The complete `step_<N>` directory with the largest N, or None."""
-    best = None
-    root = Path(checkpoints_dir)
-    if not root.is_dir():
-        return None
-    for d in root.iterdir():
-        m = re.fullmatch(r"step_(\d+)", d.name)
-        if m and (d / STATE_FILE).is_file() and (best is None or int(m.group(1)) > best[0]):
-            best = (int(m.group(1)), d)
-    return None if best is None else best[1]
 
 
 def write_json(path: Path, data: dict, what: str) -> None:
@@ -114,77 +78,172 @@ def write_json(path: Path, data: dict, what: str) -> None:
     path.write_text(text + "\n")
 
 
-def save_hf_model(module: torch.nn.Module, directory: Path, rank: int, *, config, dtype: torch.dtype,
-                  generation_config=None, tokenizer=None) -> None:
-    """HF directory of a (sharded) model: every rank gathers, rank 0 writes."""
-    tensors = full_state_on_rank0(module, rank)
-    if rank != 0:
-        return
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    cfg = copy.deepcopy(config)
-    cfg.dtype = dtype
-    cfg.save_pretrained(directory)
-    if generation_config is not None:
-        generation_config.save_pretrained(directory)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-
-
-def load_hf_weights(module: torch.nn.Module, directory: Path) -> None:
-    """Load `model.safetensors` (or its shards) of an HF directory into a sharded model."""
-    from learner.fsdp import load_full_state
-
-    files = sorted(Path(directory).glob("model*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no model*.safetensors in {directory}")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    load_full_state(module, tensors, what=str(directory))
-
-
-def save_optimizer(opt: torch.optim.Optimizer, module: torch.nn.Module, path: Path, rank: int) -> None:
-    """Full AdamW state as safetensors on rank 0 (every rank must call: the moments are gathered)."""
-    out: dict[str, torch.Tensor] = {}
-    ensure_sharded(module)
-    for name, p in module.named_parameters():
-        for key, value in sorted(opt.state.get(p, {}).items()):
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"optimizer state {name}::{key} is not a tensor ({type(value).__name__})")
-            full = value.full_tensor() if hasattr(value, "full_tensor") else value
-            if rank == 0:
-                out[f"{hf_name(name)}::{key}"] = full.detach().to("cpu", copy=True).contiguous()
+# ---------------------------------------------------------------------- directories, commit, rotation
+def prepare_dir(path: Path, rank: int) -> None:
+    """Rank 0 creates `path` (which must not exist or be empty); every rank must call it."""
     if rank == 0:
-        save_file(out, str(path))
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"{path} is not empty: a checkpoint is written into a new directory (the driver "
+                                  f"stages it in .step_<N>.tmp and commits it, learner.checkpoint.stage/commit)")
+        path.mkdir(parents=True, exist_ok=True)
+    _barrier()
 
 
-@torch.no_grad()
-def load_optimizer(opt: torch.optim.Optimizer, module: torch.nn.Module, path: Path) -> None:
-    """Restore what `save_optimizer` wrote into the (sharded) optimiser state."""
-    saved = load_file(str(path))
+def finish_learner_part(path: Path, rank: int, state: dict) -> None:
+    """After every rank has written its files, rank 0 writes learner_state.json (the learner's part is
+    complete); every rank must call it."""
+    _barrier()
+    if rank == 0:
+        write_json(path / STATE_FILE, state, "learner state")
+    _barrier()
+
+
+def stage(final: Path) -> Path:
+    """An empty staging directory `.step_<N>.tmp` beside `final` (leftovers of a crashed save removed)."""
+    staged = final.parent / f".{final.name}.tmp"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def is_committed(path: Path) -> bool:
+    return (Path(path) / COMMITTED).is_file()
+
+
+def commit(staged: Path, final: Path) -> Path:
+    """Make the staged checkpoint `final`: fsync its files, write COMMITTED (last), rename into place.
+    One process calls it (the driver), after everything the checkpoint holds is in `staged`."""
+    _fsync_tree(staged)
+    marker = staged / COMMITTED
+    marker.write_text(final.name + "\n")
+    _fsync_file(marker)
+    _fsync_dir(staged)
+    old = final.parent / f".{final.name}.old"
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(staged, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """(N, directory) of every committed `step_<N>` under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), d) for d in root.iterdir() if (m := _STEP_DIR.fullmatch(d.name)) and is_committed(d)]
+    return sorted(found)
+
+
+def latest_checkpoint(checkpoints_dir: str | Path) -> Path | None:
+    """The committed `step_<N>` directory with the largest N, or None."""
+    found = _committed_steps(Path(checkpoints_dir))
+    return found[-1][1] if found else None
+
+
+def rotate(checkpoints_dir: str | Path, keep: int, protect: tuple[Path, ...] = ()) -> list[Path]:
+    """Delete committed checkpoints older than the newest `keep` (0 = keep all), except those in `protect`
+    (e.g. the one the run resumed from), and leftovers of crashed saves (`.step_*` directories); the
+    newest committed one is never deleted. Returns the checkpoints deleted."""
+    root = Path(checkpoints_dir)
+    found = _committed_steps(root)
+    kept = {d.resolve() for d in protect} | {d.resolve() for _, d in found[-max(keep, 1):]}
+    doomed = [d for _, d in found if keep and d.resolve() not in kept]
+    for d in doomed:
+        (d / COMMITTED).unlink()  # no longer complete, before any of its files goes
+        shutil.rmtree(d)
+    for leftover in root.glob(".step_*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return doomed
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            _fsync_file(Path(dirpath) / f)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- sharded model + optimiser (DCP)
+def _clean(fqn: str) -> str:
+    """A parameter name as torch's state-dict API writes it (activation-checkpoint and compile wrappers removed)."""
+    return fqn.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:
+    """{second name: first name} of parameters registered under several names (tied embeddings)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[_clean(name)] = first[id(p)]
+        else:
+            first[id(p)] = _clean(name)
+    return aliases
+
+
+def _state(module: torch.nn.Module, opt: torch.optim.Optimizer, with_optim: bool) -> tuple[dict, dict | None]:
+    """(model state dict without tied aliases, optimiser state dict or None): this rank's live tensors
+    (DTensor shards under FSDP2, whole tensors for a plain module), keyed by parameter FQN."""
     ensure_sharded(module)
-    for name, p in module.named_parameters():
-        if not p.requires_grad:
-            continue
-        keys = [k for k in saved if k.split("::")[0] == hf_name(name)]
-        if not keys:
-            if saved:
-                raise KeyError(f"{path} has no optimizer state for {hf_name(name)}")
-            continue
-        state = {}
-        for k in keys:
-            key, full = k.split("::", 1)[1], saved[k]
-            if full.dim() == 0:
-                state[key] = full.clone()
-            else:
-                t = torch.zeros_like(p, memory_format=torch.preserve_format)
-                copy_full_into(t, full)
-                state[key] = t
-        opt.state[p] = state
+    model = get_model_state_dict(module)
+    for alias in _tied_aliases(module):
+        model.pop(alias)
+    return model, (get_optimizer_state_dict(module, opt) if with_optim else None)
 
 
+def save_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Every rank writes its shards of `module` and of `opt`'s state into `directory` (a collective).
+    An optimiser that has not stepped yet has no state and none is written (asking torch for it would
+    run a zero step that changes AdamW's step counter)."""
+    model, optim = _state(module, opt, with_optim=bool(opt.state))
+    state = {"model": model}
+    if optim is not None:
+        for fqn, entries in optim["state"].items():
+            for key, value in entries.items():
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(f"optimizer state {fqn}.{key} is a {type(value).__name__}; only tensors are "
+                                    "checkpointed")
+        state["optim"] = {"state": optim["state"]}
+    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(directory), save_distributed=True))
+
+
+def load_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Restore what `save_sharded` wrote (by any number of ranks) into this rank's shards (a collective).
+    A checkpoint without optimiser state leaves `opt` without state, as it was when saved."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is missing: not a sharded checkpoint of this format")
+    saved = HuggingFaceStorageReader(str(directory)).read_metadata().state_dict_metadata
+    with_optim = any(k.startswith("optim.") for k in saved)
+    opt.zero_grad(set_to_none=True)  # torch allocates the state to load into only without state and gradients
+    opt.state.clear()
+    model, optim = _state(module, opt, with_optim)  # with_optim: zero state allocated to load into
+    state = {"model": model}
+    if optim is not None:
+        state["optim"] = {"state": optim["state"]}
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(directory)))
+    set_model_state_dict(module, model | {a: model[f] for a, f in _tied_aliases(module).items()})
+    if optim is not None:
+        set_optimizer_state_dict(module, opt, optim)
+
+
+# ---------------------------------------------------------------------- RNG
 def save_rng(directory: Path, rank: int) -> None:
-    d = directory / TRAIN_STATE / "rng"
+    d = directory / "rng"
     d.mkdir(parents=True, exist_ok=True)
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -198,7 +257,7 @@ def save_rng(directory: Path, rank: int) -> None:
 
 def load_rng(directory: Path, rank: int) -> bool:
     """Restore this rank's RNG states; False when the checkpoint has none for this rank."""
-    d = directory / TRAIN_STATE / "rng"
+    d = directory / "rng"
     if not (d / f"rank_{rank}.safetensors").is_file():
         return False
     tensors = load_file(str(d / f"rank_{rank}.safetensors"))
@@ -218,3 +277,62 @@ def _listify(x):
 
 def _tuplify(x):
     return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
+
+
+# ---------------------------------------------------------------------- HF export
+def save_hf_config(directory: Path, lm: torch.nn.Module, dtype: torch.dtype, tokenizer) -> None:
+    """config.json (its dtype = the serving dtype `dtype`), generation_config.json and the tokenizer
+    into `directory/hf_config` (rank 0)."""
+    d = directory / "hf_config"
+    cfg = copy.deepcopy(lm.config)
+    cfg.dtype = dtype
+    cfg.save_pretrained(d)
+    if getattr(lm, "generation_config", None) is not None:
+        lm.generation_config.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write the policy of a checkpoint as an HF model directory `out` (replaced atomically).
+
+    Weights in `dtype` (default: the serving dtype, hf_config/config.json's), read piece by piece from
+    the rank shards (any world size; at most ~EXPORT_SHARD_BYTES of fp32 tensors in memory at once),
+    without a process group. Files beside the weights: hf_config/ of the checkpoint.
+    """
+    checkpoint, out = Path(checkpoint), Path(out)
+    shards = checkpoint / "policy"
+    config = json.loads((checkpoint / "hf_config" / "config.json").read_text())
+    dtype = dtype or getattr(torch, config.get("dtype") or "float32")
+    meta = HuggingFaceStorageReader(str(shards)).read_metadata().state_dict_metadata
+    names = sorted(k for k in meta if k.startswith("model."))
+    files: list[list[str]] = [[]]
+    size = 0
+    for k in names:
+        n = meta[k].size.numel() * dtype.itemsize
+        if files[-1] and size + n > EXPORT_SHARD_BYTES:
+            files.append([])
+            size = 0
+        files[-1].append(k)
+        size += n
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint / "hf_config", tmp)
+    weight_map = {}
+    for i, keys in enumerate(files, start=1):
+        part = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in keys}
+        with warnings.catch_warnings():  # DCP warns that no_dist loads in one process: what is meant here
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(part, storage_reader=HuggingFaceStorageReader(str(shards)), no_dist=True)
+        fname = "model.safetensors" if len(files) == 1 else f"model-{i:05d}-of-{len(files):05d}.safetensors"
+        tensors = {hf_name(k.removeprefix("model.")): v.to(dtype).contiguous() for k, v in part.items()}
+        save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, fname)
+    if len(files) > 1:
+        total = sum(meta[k].size.numel() * dtype.itemsize for k in names)
+        write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total},
+                                                          "weight_map": weight_map}, "export index")
+    _fsync_tree(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(tmp, out)
+    _fsync_dir(out.parent)
+    return out

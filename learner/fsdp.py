@@ -1,4 +1,4 @@
-"""Loading an HF causal LM and sharding it with FSDP2 (`fully_shard`); full-weight gather and load.
+"""Loading an HF causal LM and sharding it with FSDP2 (`fully_shard`); full fp32 weights.
 
 Why:
 - Every decoder block is its own FSDP unit (its parameters are all-gathered just before it runs and
@@ -7,25 +7,34 @@ Why:
 - bf16 training keeps fp32 master weights and optimiser state; `MixedPrecisionPolicy` casts the
   gathered parameters to bf16 for compute and reduces gradients in fp32. Frozen models (reference,
   scorers) are simply loaded in the compute dtype.
+- Loading never holds a full copy of the model per rank: the model is built on the meta device from
+  its config, sharded, materialised (each rank allocates only its shards), and each rank reads only
+  its own rows of every tensor from the safetensors files (`load_local_weights`, one tensor open at a
+  time). Non-persistent buffers (rotary `inv_freq`), absent from checkpoints, are recomputed by HF's
+  own initialiser (`init_buffers`); tied embeddings stay one parameter. bench/load_memory.py
+  measures the peak host RAM per rank (bench/RESULTS.md).
 - Dropout is switched off (π_prox, recomputed without grad, must equal π_θ at the start of a step).
 - A world of one rank keeps the plain module by default (`shard=False`; bf16 via autocast): FSDP2
   with a single rank only adds buffer copies and hooks (bench/RESULTS.md).
-- Full weights are produced parameter by parameter (`full_tensor()`, a collective every rank joins),
-  so the weight-sync stream holds one unsharded tensor at a time (a checkpoint collects them all in
-  rank 0's CPU memory); tied parameters appear once, under the name `named_parameters` gives them
-  (HF re-ties them on load).
+- Full fp32 weights can be produced parameter by parameter (`named_full_tensors`, one `full_tensor()`
+  each, a collective every rank joins); tied parameters appear once, under the name
+  `named_parameters` gives them (HF re-ties them on load). The weight push gathers in the serving
+  dtype one FSDP unit at a time instead (`learner.gather`); checkpoints are sharded
+  (`learner.checkpoint`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 from learner.logprobs import TokenScorer
 
@@ -40,15 +49,108 @@ def hf_name(name: str) -> str:
     return name[len(PREFIX):] if name.startswith(PREFIX) else name
 
 
-def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
+def _model_dir(model_dir: str | Path) -> Path:
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not an HF model directory (no config.json)")
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return path
+
+
+def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> nn.Module:
+    """A plain HF causal LM loaded whole by `from_pretrained` (tests, the actors' checks)."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(_model_dir(model_dir), dtype=dtype, attn_implementation="sdpa")
     disable_dropout(lm)
     return lm
+
+
+def empty_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> nn.Module:
+    """The HF causal LM of `model_dir` built from its config on the meta device (no memory, no init)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    path = _model_dir(model_dir)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype,
+                                              attn_implementation="sdpa")
+    if (path / "generation_config.json").is_file():
+        lm.generation_config = GenerationConfig.from_pretrained(path)
+    disable_dropout(lm)
+    return lm
+
+
+@torch.no_grad()
+def init_buffers(lm: nn.Module) -> None:
+    """Recompute the non-persistent buffers (rotary `inv_freq`, ...) of a materialised meta-built HF
+    model with HF's own initialiser (checkpoints do not hold them). Floating buffers are NaN-filled
+    first, so one the initialiser does not know fails here instead of silently holding garbage."""
+    for name, m in lm.named_modules():
+        names = [b for b in m._non_persistent_buffers_set if m._buffers.get(b) is not None]
+        if not names:
+            continue
+        for b in names:
+            if m._buffers[b].is_floating_point():
+                m._buffers[b].fill_(float("nan"))
+        lm._init_weights(m)
+        bad = [b for b in names if m._buffers[b].is_floating_point() and not m._buffers[b].isfinite().all()]
+        if bad:
+            raise RuntimeError(f"{type(lm).__name__}: cannot initialise buffers {bad} of {name or 'the model'} after "
+                               "building on the meta device (its _init_weights does not set them)")
+
+
+def weight_files(model_dir: Path) -> dict[str, Path]:
+    """{tensor name: safetensors file holding it} of an HF model directory (single file or sharded index)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: model_dir / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise FileNotFoundError(f"{model_dir} holds no safetensors weights (model.safetensors or "
+                                "model.safetensors.index.json); convert it with save_pretrained(safe_serialization=True)")
+    with safe_open(single, framework="pt") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def persistent_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """{HF name: tensor} of what a checkpoint holds: parameters (tied ones once) and persistent buffers."""
+    out = {hf_name(n): p for n, p in module.named_parameters()}
+    for prefix, m in module.named_modules():
+        for b, t in m._buffers.items():
+            if t is not None and b not in m._non_persistent_buffers_set:
+                out[hf_name(f"{prefix}.{b}" if prefix else b)] = t
+    return out
+
+
+def shard_start(p: DTensor) -> int:
+    """First global row of this rank's shard of an FSDP2 parameter. FSDP2 shards dim 0 like
+    `torch.chunk`: ceil(rows / world) rows per rank, the last ranks shorter or empty."""
+    if tuple(p.placements) != (Shard(0),):
+        raise ValueError(f"expected an FSDP2 parameter sharded on dim 0, got placements {p.placements}")
+    per_rank = -(-p.shape[0] // p.device_mesh.size())
+    return min(p.device_mesh.get_local_rank() * per_rank, p.shape[0])
+
+
+@torch.no_grad()
+def load_local_weights(module: nn.Module, model_dir: str | Path) -> None:
+    """Fill a materialised (possibly FSDP2-sharded) model from the safetensors files of `model_dir`: each
+    rank reads only its own rows of every sharded tensor (whole tensors otherwise), one tensor at a time
+    (the file is opened per tensor, so no mapped pages pile up), cast to the parameter's dtype."""
+    files = weight_files(Path(model_dir))
+    state = persistent_state(module)
+    missing = [n for n in state if n not in files]
+    if missing:
+        raise KeyError(f"{model_dir}: the checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    for name, t in state.items():
+        with safe_open(files[name], framework="pt") as f:
+            src = f.get_slice(name)
+            if tuple(src.get_shape()) != tuple(t.shape):
+                raise ValueError(f"{model_dir}: {name} has shape {tuple(src.get_shape())}, the model {tuple(t.shape)}")
+            if isinstance(t, DTensor):
+                local = t.to_local()
+                start = shard_start(t)
+                local.copy_(src[start:start + local.shape[0]])
+            else:
+                t.copy_(f.get_tensor(name))
 
 
 def disable_dropout(module: nn.Module) -> None:
@@ -78,13 +180,14 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     plain model distribution (top_k 0 or -1 = off, top_p 1 = off).
     trainable: fp32 parameters (+ bf16 compute when dtype='bfloat16': FSDP's MixedPrecisionPolicy, or
     autocast for an unsharded model), train mode; else frozen parameters in `dtype`, no gradients.
-    shard=False (the learner's default for a world of one rank) keeps a plain module on the mesh's
-    device: FSDP2 with one rank only adds buffer copies and hooks (≈10% of a tiny model's step).
+    shard=False (the learner's default for a world of one rank) keeps a plain module on `device`:
+    FSDP2 with one rank only adds buffer copies and hooks (≈10% of a tiny model's step).
+    Built on the meta device, then each rank materialises and reads only its shards (module doc).
     """
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     compute = DTYPES[dtype]
-    lm = load_causal_lm(model_dir, torch.float32 if trainable else compute)
+    lm = empty_causal_lm(model_dir, torch.float32 if trainable else compute)
     if activation_checkpointing and trainable:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mixed = trainable and compute != torch.float32
@@ -97,8 +200,11 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
         for layer in decoder_layers(lm):
             fully_shard(layer, **kwargs)
         fully_shard(scorer, **kwargs)
-    else:
-        scorer.to(device)
+    scorer.to_empty(device=device)  # this rank's shards only
+    if not shard:
+        lm.tie_weights()  # to_empty gives each module its own new tensor
+    init_buffers(lm)
+    load_local_weights(scorer, model_dir)
     scorer.train(trainable)
     if not trainable:
         for p in scorer.parameters():
@@ -128,35 +234,3 @@ def named_full_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, p in module.named_parameters():
         full = p.full_tensor() if isinstance(p, DTensor) else p
         yield hf_name(name), full.detach()
-
-
-def full_state_on_rank0(module: nn.Module, rank: int) -> dict[str, torch.Tensor]:
-    """All parameters as full CPU tensors on rank 0 ({} elsewhere); every rank must call it."""
-    out = {}
-    for name, t in named_full_tensors(module):
-        if rank == 0:
-            out[name] = t.to("cpu", copy=True).contiguous()
-    return out
-
-
-@torch.no_grad()
-def load_full_state(module: nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
-    """Copy full tensors (keyed by HF name, every rank holds them) into the sharded parameters."""
-    ensure_sharded(module)
-    missing = [hf_name(n) for n, _ in module.named_parameters() if hf_name(n) not in tensors]
-    if missing:
-        raise KeyError(f"{what} lacks parameters {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    for name, p in module.named_parameters():
-        src = tensors[hf_name(name)]
-        if tuple(src.shape) != tuple(p.shape):
-            raise ValueError(f"{what}: {hf_name(name)} has shape {tuple(src.shape)}, the model {tuple(p.shape)}")
-        copy_full_into(p, src)
-
-
-def copy_full_into(p: torch.Tensor, full: torch.Tensor) -> None:
-    """Write a full tensor into a (possibly sharded) parameter or state tensor, in place."""
-    if isinstance(p, DTensor):
-        local = distribute_tensor(full.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None)
-        p.to_local().copy_(local.to_local())
-    else:
-        p.copy_(full.to(p.device, p.dtype))

@@ -39,15 +39,15 @@ from learner.train_step import global_norm, train_microbatches
 class Learner:
     """One rank. `Learner(cfg, rank, world_size, model_dir)`; then `step(groups, version)` on every rank.
 
-    micro_batch_tokens: optional cap on padded tokens (rows × longest sequence) per micro-batch, on
-    top of cfg.learner.micro_batch_samples rows. init_method: torch.distributed init URL (default
-    env:// or, for one rank, a private local store). fsdp: shard the models with FSDP2; default: when
-    world_size > 1 (one rank trains the plain module: same maths, no FSDP buffer copies).
+    init_method: torch.distributed init URL (default env:// or, for one rank, a private local store).
+    fsdp: shard the models with FSDP2; default: when world_size > 1 (one rank trains the plain module:
+    same maths, no FSDP buffer copies). Micro-batches: cfg.learner.micro_batch_samples,
+    micro_batch_tokens and packing (`batching`).
     """
 
     def __init__(self, cfg, rank: int = 0, world_size: int | None = None, model_dir: str | Path | None = None, *,
                  device: torch.device | str | None = None, init_method: str | None = None,
-                 micro_batch_tokens: int | None = None, fsdp: bool | None = None):
+                 fsdp: bool | None = None):
         self.cfg = cfg
         self.rank = rank
         self.world_size = int(world_size or cfg.learner.world_size)
@@ -66,7 +66,6 @@ class Learner:
         r = cfg.rollout  # the actors' sampling distribution (SFT-only specs: the plain model distribution)
         self.sampling = dict(temperature=1.0, top_p=1.0, top_k=0) if self.spec.trains_on_demonstrations_only else \
             dict(temperature=float(r.temperature), top_p=float(r.top_p), top_k=int(r.top_k))
-        self.micro_batch_tokens = micro_batch_tokens
         self.fsdp = self.world_size > 1 if fsdp is None else bool(fsdp)
         if not self.fsdp and self.world_size > 1:
             raise ValueError("fsdp=False needs world_size 1 (ranks share one model only through FSDP)")
@@ -76,8 +75,9 @@ class Learner:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
-        self.policy = self.build_model(trainable=True, activation_checkpointing=cfg.learner.activation_checkpointing,
-                                       truncate=True)
+        ac = cfg.learner.activation_checkpointing
+        self.activation_checkpointing = self.device.type == "cuda" if ac == "auto" else bool(ac)
+        self.policy = self.build_model(trainable=True, truncate=True)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.vocab_size = int(self.policy.lm.get_output_embeddings().weight.shape[0])
         lc = cfg.learner
@@ -91,22 +91,24 @@ class Learner:
         # PROX); otherwise it equals the detached log-probs of the training forward itself.
         updates = lc.mini_batches * lc.epochs
         self.prox_before_update = updates > 1 or PROX in needs
-        self.total_optimizer_steps = lc.steps * updates  # the LR schedule's horizon
+        self.total_optimizer_steps = (lc.lr_horizon_steps or lc.steps) * updates  # the LR schedule's horizon
         self.step_count = 0  # optimiser steps taken (skipped ones included): the LR schedule's clock
         self.skipped_steps = 0
         self.version = 0  # weight version after the last step (version passed to step() + 1)
 
     # ------------------------------------------------------------------ models
-    def build_model(self, *, trainable: bool, activation_checkpointing: bool = False, truncate: bool = False):
+    def build_model(self, *, trainable: bool, truncate: bool = False):
         """A sharded `TokenScorer` initialised from the run's model directory, at the sampling temperature;
         with `truncate` (the policy) also top-k then top-p, the distribution vLLM sampled from
         (`learner.logprobs`). Auxiliary models (reference, PRM) score the untruncated distribution: a
-        token outside their nucleus would otherwise get the −30 floor and a spurious KL or implicit reward."""
+        token outside their nucleus would otherwise get the −30 floor and a spurious KL or implicit reward.
+        Trainable models (the policy, PRIME's PRM) recompute activations in backward when
+        `learner.activation_checkpointing` resolves to on (auto: on a CUDA device)."""
         lc, s = self.cfg.learner, self.sampling
         sampling = s if truncate else dict(s, top_p=1.0, top_k=0)
         return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.dtype,
                             trainable=trainable, **sampling, chunk_tokens=lc.logprob_chunk_tokens,
-                            activation_checkpointing=activation_checkpointing, shard=self.fsdp)
+                            activation_checkpointing=trainable and self.activation_checkpointing, shard=self.fsdp)
 
     def reference(self):
         """The frozen initial policy (built once, shared by every provider that needs it)."""
@@ -194,15 +196,16 @@ class Learner:
         are checked across ranks."""
         shards = batching.shard_groups(rows, self.world_size, indices)
         whole = self.spec.whole_groups_per_microbatch
-        plans = [batching.plan_microbatches(rows, s, self.cfg.learner.micro_batch_samples, whole_groups=whole,
-                                            max_tokens=self.micro_batch_tokens) for s in shards]
+        lc = self.cfg.learner
+        plans = [batching.plan_microbatches(rows, s, lc.micro_batch_samples, whole_groups=whole,
+                                            max_tokens=lc.micro_batch_tokens, packed=lc.packing) for s in shards]
         target = max(len(p) for p in plans)
         plans = [batching.equalize(p, target, rows, whole) for p in plans]
         lo, hi = all_reduce_extremes(batching.layout_digest(rows, plans))
         if lo != hi:
             raise RuntimeError("learner ranks received different batches; every rank must get the same groups "
                                "in the same order")
-        mbs = [batching.make_microbatch(rows, idx, self.pad_id, self.device) for idx in plans[self.rank]]
+        mbs = [batching.make_microbatch(rows, idx, self.pad_id, self.device, lc.packing) for idx in plans[self.rank]]
         return shards, mbs
 
     def _model_inputs(self, batch, rows: list[batching.Row], metrics: dict[str, float]) -> None:
@@ -237,34 +240,38 @@ class Learner:
 
     # ------------------------------------------------------------------ weights and checkpoints
     def named_full_weights(self, dtype: torch.dtype | None = None):
-        """(HF name, full tensor) per parameter for the weight-sync sender. A collective: EVERY rank must
-        iterate it to the end (rank 0 hands the tensors to the sender, the others drain it)."""
-        for name, t in named_full_tensors(self.policy):
-            yield name, (t if dtype is None else t.to(dtype))
+        """(HF name, full tensor) per parameter. A collective: EVERY rank must iterate it to the end (rank 0
+        hands the tensors to the weight-sync sender, the others drain it).
+        dtype: the serving dtype (what the sender pushes): `learner.gather.serving_weights`, one FSDP unit
+        at a time, every tensor a new one. None: the fp32 masters, one `full_tensor()` per parameter (an
+        unsharded policy yields its live parameters)."""
+        from learner.gather import serving_weights
+
+        yield from named_full_tensors(self.policy) if dtype is None else serving_weights(self.policy, dtype)
 
     def save(self, path: str | Path, extra_state: dict | None = None) -> Path:
-        """Atomic checkpoint at `path` (see `learner.checkpoint`); every rank must call it."""
+        """Write this learner's part of a checkpoint into the new (or empty) directory `path`: every rank its
+        own shards of the policy and optimiser, its RNG, the providers' state; rank 0 the HF config and
+        tokenizer (for exports), `extra_state` and, once every rank is done, learner_state.json. Every
+        rank must call it. A checkpoint counts for a resume only once `checkpoint.commit` has marked it
+        (the driver does, after adding the buffer snapshot); see `learner.checkpoint`."""
         path = Path(path)
-        lm = self.policy.lm
-        with checkpoint.atomic_dir(path, self.rank) as tmp:
-            checkpoint.save_hf_model(self.policy, tmp, self.rank, config=lm.config, dtype=self.compute_dtype,
-                                     generation_config=getattr(lm, "generation_config", None),
-                                     tokenizer=self.tokenizer)
-            checkpoint.save_optimizer(self.opt, self.policy, tmp / checkpoint.TRAIN_STATE / "optimizer.safetensors",
-                                      self.rank)
-            checkpoint.save_rng(tmp, self.rank)
-            for provider in self.providers.values():
-                provider.save(tmp, self.rank)
-            if self.rank == 0:
-                checkpoint.write_json(tmp / "extra_state.json", extra_state or {}, "extra_state")
-                checkpoint.write_json(tmp / checkpoint.STATE_FILE, {
-                    "format": 1, "algo": self.spec.name, "step": self.step_count, "version": self.version,
-                    "skipped_steps": self.skipped_steps, "world_size": self.world_size,
-                    "providers": sorted(self.providers)}, "learner state")
+        checkpoint.prepare_dir(path, self.rank)
+        checkpoint.save_sharded(path / "policy", self.policy, self.opt)
+        checkpoint.save_rng(path, self.rank)
+        for provider in self.providers.values():
+            provider.save(path, self.rank)
+        if self.rank == 0:
+            checkpoint.save_hf_config(path, self.policy.lm, self.compute_dtype, self.tokenizer)
+            checkpoint.write_json(path / "extra_state.json", extra_state or {}, "extra_state")
+        checkpoint.finish_learner_part(path, self.rank, {
+            "format": 2, "algo": self.spec.name, "step": self.step_count, "version": self.version,
+            "skipped_steps": self.skipped_steps, "world_size": self.world_size, "providers": sorted(self.providers)})
         return path
 
     def load(self, path: str | Path) -> dict:
-        """Restore a checkpoint written by `save` (any world size); returns its extra_state."""
+        """Restore the learner's part of a checkpoint written by `save` (by any number of ranks: the shards are
+        redistributed); returns its extra_state. Every rank must call it."""
         import json
 
         path = Path(path)
@@ -274,9 +281,9 @@ class Learner:
         state = json.loads(state_file.read_text())
         if state["algo"] != self.spec.name:
             raise ValueError(f"{path} was saved by a {state['algo']!r} run; this learner runs {self.spec.name!r} "
-                             "(to start from its weights, pass the checkpoint directory as model_dir)")
-        checkpoint.load_hf_weights(self.policy, path)
-        checkpoint.load_optimizer(self.opt, self.policy, path / checkpoint.TRAIN_STATE / "optimizer.safetensors")
+                             "(to start from its weights, pass its HF export as model_dir: <run>/hf/step_<N>, or "
+                             "learner.checkpoint.export_hf(checkpoint, out))")
+        checkpoint.load_sharded(path / "policy", self.policy, self.opt)
         checkpoint.load_rng(path, self.rank)
         for provider in self.providers.values():
             provider.load(path)

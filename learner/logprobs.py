@@ -49,6 +49,9 @@ Deviations from vLLM:
 `TokenScorer` wraps an HF causal LM so that the decoder *and* the chunked head run inside one
 `forward` (FSDP2 unshards the root's parameters — embeddings, final norm, LM head — only inside the
 root module's forward/backward). Its parameters keep the HF names under the prefix `lm.`.
+Packed micro-batches (`learner.batching.MicroBatch.row_bounds`): `TokenScorer` switches an "sdpa"
+model to `learner.packed_attention`'s "packed_sdpa" (identical without row bounds) so that attention
+stays inside each packed row.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from learner.packed_attention import PACKED_ATTENTION
 
 OUTSIDE_SUPPORT_LOGPROB = -30.0  # log π returned for a target the top-k/top-p truncation dropped
 
@@ -186,6 +191,9 @@ class TokenScorer(nn.Module):
     forward(input_ids [b, L], attention_mask [b, L] or None, positions [N] (flat indices into b·L of
     the hidden states that predict each target), targets [N]) -> (logp [N], entropy [N] or None),
     under the sampling distribution (temperature, top_p, top_k) of `chunked_token_logprobs`.
+    Packed rows (b = 1): position_ids [1, L] restarting at 0 per row and row_bounds (start of each row,
+    then L); attention_mask is then ignored. Needs the model's attention to be "sdpa" (switched to
+    "packed_sdpa" here) or "packed_sdpa".
     """
 
     def __init__(self, lm: nn.Module, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -200,12 +208,24 @@ class TokenScorer(nn.Module):
         self.autocast_dtype = autocast_dtype  # bf16 compute for unsharded fp32 models (FSDP uses its policy)
         if lm.get_output_embeddings() is None:
             raise ValueError(f"{type(lm).__name__} has no output embeddings (LM head); need a causal LM")
+        if getattr(lm.config, "_attn_implementation", None) == "sdpa":
+            lm.set_attn_implementation(PACKED_ATTENTION)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
-                targets: torch.Tensor, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                targets: torch.Tensor, with_entropy: bool = False, position_ids: torch.Tensor | None = None,
+                row_bounds: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        packed = {}
+        if row_bounds is not None:
+            impl = getattr(self.lm.config, "_attn_implementation", None)
+            if impl != PACKED_ATTENTION:
+                raise ValueError(f"packed micro-batches need the model's attention to be 'sdpa', got {impl!r}; set "
+                                 "learner.packing=false")
+            # an all-ones mask: transformers builds none, and packed_sdpa cuts attention at row_bounds
+            packed = dict(position_ids=position_ids, row_bounds=row_bounds)
+            attention_mask = torch.ones_like(input_ids)
         dt = self.autocast_dtype
         with torch.autocast(input_ids.device.type, dtype=dt or torch.bfloat16, enabled=dt is not None):
-            out = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **packed)
             hidden = out.last_hidden_state
             flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
             return chunked_token_logprobs(flat, self.lm.get_output_embeddings(), targets,

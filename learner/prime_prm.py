@@ -35,14 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from algos.prime_prm import DETACH_BON_MODES, PRM_LOSSES, group_members, prm_ce_loss, prm_detach_dpo_loss
-from learner.checkpoint import (
-    TRAIN_STATE,
-    load_hf_weights,
-    load_optimizer,
-    save_hf_model,
-    save_optimizer,
-    write_json,
-)
+from learner.checkpoint import load_sharded, save_sharded, write_json
 from learner.distributed import all_reduce_sum
 from learner.optim import make_adamw, optimizer_step
 from learner.providers import Provider, ProviderContext, register_provider, run_scorer
@@ -76,8 +69,6 @@ class ImplicitPRM(Provider):
         self.version = 0
         self.skipped = 0
         self._metrics: dict[str, float] = {}
-        self._lm = self.model.lm
-        self._dtype = learner.compute_dtype
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
         pc = self.pc
@@ -133,13 +124,10 @@ class ImplicitPRM(Provider):
         return dict(self._metrics)
 
     def save(self, directory: Path, rank: int) -> None:
+        """π_φ's weights and AdamW state, each rank its own shards (`learner.checkpoint.save_sharded`), into
+        prime_prm/shards; its counters into prime_prm/prm_state.json (rank 0). Every rank must call it."""
         d = directory / "prime_prm"
-        if rank == 0:
-            d.mkdir(exist_ok=True)
-        save_hf_model(self.model, d, rank, config=self._lm.config, dtype=self._dtype)
-        if rank == 0:
-            (d / TRAIN_STATE).mkdir(exist_ok=True)
-        save_optimizer(self.opt, self.model, d / TRAIN_STATE / "optimizer.safetensors", rank)
+        save_sharded(d / "shards", self.model, self.opt)
         if rank == 0:
             write_json(d / "prm_state.json", {"version": self.version, "skipped": self.skipped}, "PRM state")
 
@@ -148,7 +136,6 @@ class ImplicitPRM(Provider):
         if not (d / "prm_state.json").is_file():
             raise FileNotFoundError(f"{directory} holds no PRIME PRM state (prime_prm/prm_state.json); it was "
                                     "not saved by a PRIME run")
-        load_hf_weights(self.model, d)
-        load_optimizer(self.opt, self.model, d / TRAIN_STATE / "optimizer.safetensors")
+        load_sharded(d / "shards", self.model, self.opt)
         state = json.loads((d / "prm_state.json").read_text())
         self.version, self.skipped = int(state["version"]), int(state["skipped"])

@@ -98,7 +98,7 @@ def run_scorer(scorer: torch.nn.Module, ctx: ProviderContext, *, grad: bool = Fa
     out = torch.zeros(len(ctx.local), ctx.width, dtype=torch.float32, device=ctx.old_logprobs.device)
     for mb in ctx.microbatches:
         with torch.set_grad_enabled(grad):
-            logp, _ = scorer(mb.input_ids, mb.attention_mask, mb.positions, mb.targets)
+            logp, _ = scorer(**mb.inputs())
         dense = logp.reshape(1, 1) if mb.dummy else mb.scatter(logp)
         if per_microbatch is not None:
             per_microbatch(mb, dense)

@@ -8,7 +8,9 @@ the final token, which always ends a step); `step_spans` are (start, end) charac
     meaningful on a laptop.
   - `HFTokenClassificationPRM`: an `AutoModelForTokenClassification` with 2 labels scored PURE-style
     (REFERENCE_NOTES §3.1–3.2): input = prompt, then every step without its end separator followed by
-    one "\\n" token; p_k = softmax[1] − softmax[0] of the logits at step k's "\\n".
+    one "\\n" token; p_k = softmax[1] − softmax[0] of the logits at step k's "\\n". It scores many
+    responses per forward (`score_batch`: `batch_rows` rows, length-sorted, right-padded) in the run's
+    compute dtype (`model.dtype`: bf16 on a GPU).
     Deviation from the reference, which works on the policy's token ids: this interface is text, so
     the PRM tokenizes the prompt and each step itself (any PRM tokenizer works), and a step's removed
     end is the "\\n\\n" separator text rather than the step's last token (the final eos is not text,
@@ -16,6 +18,9 @@ the final token, which always ends a step); `step_spans` are (start, end) charac
 The provider decodes every response token by token, splits steps with `algos.pure_steps.step_spans`
 (a step ends where its text first ends with "\\n\\n", plus the final token), scores them, and writes
 extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere).
+Each rank scores only its own rows (`ProviderContext.local`, once per learner step, all of them in
+one `score_responses` call); the learner all-gathers the outputs. Every rank holds a whole copy of
+the PRM (it is not sharded).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class HFTokenClassificationPRM:
     """A 2-label token-classification PRM read at a "\\n" tag appended after each step (see module doc)."""
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 step_tag: str = "\n", separator: str = SEPARATOR):
+                 step_tag: str = "\n", separator: str = SEPARATOR, batch_rows: int = 16):
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -65,6 +70,9 @@ class HFTokenClassificationPRM:
         self.tag_id = tag[0]
         self.separator = separator
         self.device = torch.device(device)
+        self.batch_rows = int(batch_rows)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
 
     def encode(self, prompt: str, response: str, spans: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
         """(input ids, positions of the step tags)."""
@@ -81,25 +89,66 @@ class HFTokenClassificationPRM:
             tags.append(len(ids) - 1)
         return ids, tags
 
-    @torch.no_grad()
     def score_steps(self, prompt: str, response: str, step_spans: Sequence[tuple[int, int]]) -> list[float]:
-        if not step_spans:
-            return []
-        ids, tags = self.encode(prompt, response, step_spans)
-        logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0]
-        return scores_from_logits(logits[torch.tensor(tags, device=self.device)]).tolist()
+        return self.score_batch([(prompt, response, step_spans)])[0]
+
+    @torch.no_grad()
+    def score_batch(self, items: Sequence[tuple[str, str, Sequence[tuple[int, int]]]]) -> list[list[float]]:
+        """`score_steps` of many (prompt, response, step spans) items, `batch_rows` rows per forward.
+
+        Rows are sorted by length (less padding) and right-padded with an attention mask: a real
+        token never attends to padding, so a row's scores are those of its forward alone up to the
+        rounding of another kernel shape (tests/learner/test_pure_prm.py bounds it).
+        """
+        encoded = [self.encode(*item) if item[2] else ([], []) for item in items]
+        out: list[list[float]] = [[] for _ in items]
+        order = sorted((i for i, (_, tags) in enumerate(encoded) if tags), key=lambda i: len(encoded[i][0]))
+        for start in range(0, len(order), self.batch_rows):
+            chunk = order[start:start + self.batch_rows]
+            width = max(len(encoded[i][0]) for i in chunk)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for r, i in enumerate(chunk):
+                n = len(encoded[i][0])
+                ids[r, :n] = torch.tensor(encoded[i][0])
+                mask[r, :n] = 1
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            for r, i in enumerate(chunk):
+                out[i] = scores_from_logits(logits[r, encoded[i][1]]).tolist()
+        return out
 
 
-def make_prm(cfg, device: torch.device) -> ProcessRewardModel:
-    """The PRM named by cfg.pure.prm ("rule" or "hf" with cfg.pure.prm_path)."""
+def make_prm(cfg, device: torch.device, dtype: torch.dtype = torch.float32) -> ProcessRewardModel:
+    """The PRM named by cfg.pure.prm: "rule", "hf" with cfg.pure.prm_path (loaded in `dtype` on `device`,
+    scoring `learner.micro_batch_samples` rows per forward), or a step-scoring function."""
     pc = cfg.pure
     if pc.prm == "rule":
         return RuleStepChecker()
     if pc.prm == "hf":
         if not pc.prm_path:
             raise ValueError("pure.prm=hf needs pure.prm_path (a token-classification PRM directory)")
-        return HFTokenClassificationPRM(pc.prm_path, device=device)
-    raise ValueError(f"unknown pure.prm {pc.prm!r}; choose 'rule' or 'hf'")
+        return HFTokenClassificationPRM(pc.prm_path, device=device, dtype=dtype,
+                                        batch_rows=cfg.learner.micro_batch_samples)
+    return FunctionStepScorer(pc.prm)
+
+
+class FunctionStepScorer:
+    """A user's step scorer, `pure.prm: module:function` or `path/to/file.py:function`, called as
+    `fn(prompt, response, step_spans) -> list[float | None]` (one score per step, None = unscored; spans
+    are character (start, end) offsets into `response`). It runs in the learner process: a scorer
+    is a model-like component, trusted like the PRM directory it replaces (rewards, which run on
+    every sample, get worker isolation instead: `tasks.rewards`)."""
+
+    def __init__(self, name: str):
+        from tasks.worker import load_function
+
+        self.name, self.fn = name, load_function(name)
+
+    def score_steps(self, prompt: str, response: str, step_spans: Sequence[tuple[int, int]]) -> list[float | None]:
+        scores = list(self.fn(prompt, response, list(step_spans)))
+        if len(scores) != len(step_spans):
+            raise ValueError(f"pure.prm={self.name} returned {len(scores)} scores for {len(step_spans)} steps")
+        return [None if v is None else float(v) for v in scores]
 
 
 def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
@@ -121,18 +170,21 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     return out
 
 
-def score_response(prm: ProcessRewardModel, tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int],
-                   ) -> tuple[list[int], list[float]]:
-    """(step-end token positions, step scores) of one response."""
+def response_steps(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int],
+                   ) -> tuple[tuple[str, str, list[tuple[int, int]]], list[tuple[int, int]]]:
+    """((prompt text, response text, step character spans), step token spans) of one response."""
     texts = token_texts(tokenizer, response_ids)
     spans = step_spans(texts)
     offsets = [0]
     for t in texts:
         offsets.append(offsets[-1] + len(t))
-    char_spans = [(offsets[a], offsets[b]) for a, b in spans]
     prompt = tokenizer.decode([int(i) for i in prompt_ids], skip_special_tokens=False,
                               clean_up_tokenization_spaces=False)
-    raw = prm.score_steps(prompt, "".join(texts), char_spans)
+    return (prompt, "".join(texts), [(offsets[a], offsets[b]) for a, b in spans]), spans
+
+
+def step_ends(spans: Sequence[tuple[int, int]], raw: Sequence[float | None]) -> tuple[list[int], list[float]]:
+    """(step-end token positions, step scores) from the token spans of the steps and the PRM's raw scores."""
     if len(raw) != len(spans):
         raise ValueError(f"the PRM returned {len(raw)} scores for {len(spans)} steps")
     kept = [(b - 1, float(s)) for (_, b), s in zip(spans, raw) if s is not None]
@@ -150,20 +202,36 @@ def score_response(prm: ProcessRewardModel, tokenizer, prompt_ids: Sequence[int]
     return [p for p, _ in kept], [s for _, s in kept]
 
 
+def score_responses(prm: ProcessRewardModel, tokenizer, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                    ) -> list[tuple[list[int], list[float]]]:
+    """(step-end token positions, step scores) of each (prompt ids, response ids) pair; a PRM with a
+    `score_batch` method scores them all in one call, any other one response at a time."""
+    steps = [response_steps(tokenizer, p, r) for p, r in pairs]
+    items = [item for item, _ in steps]
+    batch = getattr(prm, "score_batch", None)
+    raw = batch(items) if batch is not None else [prm.score_steps(*item) for item in items]
+    return [step_ends(spans, r) for (_, spans), r in zip(steps, raw)]
+
+
+def score_response(prm: ProcessRewardModel, tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int],
+                   ) -> tuple[list[int], list[float]]:
+    """(step-end token positions, step scores) of one response."""
+    return score_responses(prm, tokenizer, [(prompt_ids, response_ids)])[0]
+
+
 @register_provider("process_rewards")
 class ProcessRewards(Provider):
     def __init__(self, learner: Learner):
         self.tokenizer = learner.tokenizer
-        self.prm = make_prm(learner.cfg, learner.device)
+        self.prm = make_prm(learner.cfg, learner.device, learner.compute_dtype)
         self._metrics: dict[str, float] = {}
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
         n, dev = len(ctx.local), ctx.response_mask.device
         ends = torch.zeros(n, ctx.width, dtype=torch.bool)
         scores = torch.zeros(n, ctx.width, dtype=torch.float32)
-        for i, g in enumerate(ctx.local):
-            row = ctx.rows[g]
-            pos, vals = score_response(self.prm, self.tokenizer, row.prompt, row.response)
+        pairs = [(ctx.rows[g].prompt, ctx.rows[g].response) for g in ctx.local]
+        for i, (pos, vals) in enumerate(score_responses(self.prm, self.tokenizer, pairs)):
             if pos:
                 ends[i, pos] = True
                 scores[i, pos] = torch.tensor(vals)

@@ -94,7 +94,7 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
     mweight: dict[str, float] = defaultdict(float)
     summed: set[str] = set()
     for mb in microbatches:
-        logp, ent = policy(mb.input_ids, mb.attention_mask, mb.positions, mb.targets, with_entropy=need_entropy)
+        logp, ent = policy(**mb.inputs(), with_entropy=need_entropy)
         if mb.dummy:  # keeps FSDP's collectives in step with ranks that have more work
             ((logp.sum() + (ent.sum() if ent is not None else 0.0)) * 0.0).backward()
             continue

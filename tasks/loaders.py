@@ -1,33 +1,41 @@
-"""Loaders for veRL-style parquet and JSONL datasets and teacher files.
+"""Loaders for dataset and teacher files (JSONL or parquet) in the common layouts.
 
 Why strict: a malformed row found mid-run would crash an actor hours in, or silently train on garbage.
 `load_records` validates every row up front and either returns all of them or raises one `DataError`
-naming the file, the row (1-based; in JSONL the line number) and the field. Nothing is half-loaded.
+naming the file, the line (JSONL) or row (parquet, 1-based) and the field. Nothing is half-loaded.
 
-Fields (ours <- default column, dotted paths reach into nested objects):
+Layouts (`LAYOUTS`), recognised from the first row's columns:
 
-* ``prompt`` <- ``prompt``: a non-empty string or a chat list of ``{role, content}`` strings;
-* ``ground_truth`` <- ``reward_model.ground_truth``, else a top-level ``answer``: a non-empty string
-  (numbers are turned into strings);
-* ``target`` <- ``target``: a non-empty string or a list with one assistant message; optional unless
-  ``require_target=True`` (LUFFY teacher files);
-* ``data_source`` (default: the file's stem), ``ability`` (default ""), ``extra_info`` (default: the
-  row's columns that no field uses, e.g. math500's ``id``, ``level``, ``type``).
+* veRL (a ``prompt`` column): ``prompt`` (string or chat list), ground truth ``reward_model.ground_truth``
+  (else a top-level ``answer``), demonstration ``target``, ``data_source``, ``ability``, ``extra_info``;
+* problem/answer/solution (a ``problem`` column; MATH, MATH-500 as shipped): prompt ``problem``, ground
+  truth ``answer``, demonstration ``solution``;
+* question/answer (a ``question`` column; GSM8K): prompt ``question``; the ``answer`` text holds the
+  reasoning, ``####`` and the final answer: the ground truth is what follows the last ``####`` (thousands
+  separators dropped: ``1,000`` -> ``1000``), the demonstration is the reasoning followed by
+  ``\\boxed{ground truth}``. An answer without ``####`` is the ground truth and the demonstration as is.
 
-`fields` overrides the mapping, e.g. `MATH500_FIELDS` reads /work/shared/data/math500.jsonl as
-prompt=problem, target=solution, ground_truth=answer.
+`fields` (config ``data.fields``) overrides columns of the recognised layout; dotted paths reach into
+nested objects. Field values: ``prompt`` a non-empty string or a chat list of ``{role, content}`` strings;
+``ground_truth`` a non-empty string (numbers are turned into strings); ``target`` a non-empty string or a
+list with one assistant message, optional unless ``require_target=True`` (teacher files);
+``data_source`` (default: the file's stem), ``ability`` (default ""), ``extra_info`` (default: the
+row's columns that no field uses, e.g. MATH-500's ``id``, ``level``, ``type``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.records import DataError, Record
 
-DEFAULT_FIELDS: dict[str, str | tuple[str, ...]] = {
+Columns = str | tuple[str, ...]  # a dotted column path, or candidates tried in order
+DEFAULT_FIELDS: dict[str, Columns] = {
     "prompt": "prompt",
     "ground_truth": ("reward_model.ground_truth", "answer"),
     "target": "target",
@@ -36,23 +44,63 @@ DEFAULT_FIELDS: dict[str, str | tuple[str, ...]] = {
     "extra_info": "extra_info",
 }
 MATH500_FIELDS: dict[str, str] = {"prompt": "problem", "target": "solution", "ground_truth": "answer"}
+CONFIG_NAMES = {"prompt": "prompt", "ground_truth": "answer", "target": "solution"}  # ours -> data.fields key
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a file's columns map to `Record` fields. split_answer: GSM8K's ``reasoning #### answer``."""
+
+    name: str
+    fields: Mapping[str, Columns]
+    split_answer: bool = False
+
+    def describe(self) -> str:
+        """One line, e.g. ``problem/answer/solution (prompt <- problem, answer <- answer, solution <- solution)``."""
+        cols = ", ".join(f"{CONFIG_NAMES[k]} <- {' or '.join(_candidates(self.fields[k]))}" for k in CONFIG_NAMES)
+        return f"{self.name} ({cols}{', answer after the last ####' if self.split_answer else ''})"
+
+
+LAYOUTS = {  # recognised by the first column named here that the first row has
+    "prompt": Layout("veRL", DEFAULT_FIELDS),
+    "problem": Layout("problem/answer/solution", {**DEFAULT_FIELDS, **MATH500_FIELDS}),
+    "question": Layout("question/answer (GSM8K)", {**DEFAULT_FIELDS, "prompt": "question", "ground_truth": "answer",
+                                                   "target": "answer"}, split_answer=True),
+}
 
 _MISSING = object()
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
 
 
-def load_records(
-    path: str | Path,
-    fields: Mapping[str, str | tuple[str, ...]] | None = None,
-    *,
-    require_target: bool = False,
-) -> list[Record]:
-    """All rows of a ``.jsonl`` or ``.parquet`` file as `Record`s, or a `DataError` (see module doc)."""
-    path = Path(path)
+def detect_layout(row: Any, fields: Mapping[str, Columns] | None = None) -> Layout:
+    """The layout of a file whose first row is `row` (veRL when nothing is recognised), with `fields`
+    overriding its columns (a GSM8K answer is split only while the ground truth stays ``answer``)."""
     unknown = set(fields or {}) - set(DEFAULT_FIELDS)
     if unknown:
         raise ValueError(f"unknown field names {sorted(unknown)}; known: {sorted(DEFAULT_FIELDS)}")
-    fmap = {**DEFAULT_FIELDS, **(fields or {})}
-    return [_record(path, n, row, fmap, require_target) for n, row in _read_rows(path)]
+    keys = row if isinstance(row, dict) else {}
+    base = next((lay for key, lay in LAYOUTS.items() if key in keys), LAYOUTS["prompt"])
+    if not fields:
+        return base
+    given = ", ".join(f"{CONFIG_NAMES.get(k, k)}={v}" for k, v in fields.items())
+    return Layout(f"{base.name} with data.fields {given}", {**base.fields, **fields},
+                  base.split_answer and "ground_truth" not in fields)
+
+
+def load_dataset(path: str | Path, fields: Mapping[str, Columns] | None = None, *,
+                 require_target: bool = False) -> tuple[list[Record], Layout]:
+    """All rows of a ``.jsonl`` or ``.parquet`` file as `Record`s and the layout read, or a `DataError`."""
+    path = Path(path)
+    rows = _read_rows(path)
+    layout = detect_layout(rows[0][1] if rows else {}, fields)
+    unit = "line" if path.suffix == ".jsonl" else "row"
+    return [_record(path, f"{unit} {n}", row, layout, require_target) for n, row in rows], layout
+
+
+def load_records(path: str | Path, fields: Mapping[str, Columns] | None = None, *,
+                 require_target: bool = False) -> list[Record]:
+    """`load_dataset` without the layout."""
+    return load_dataset(path, fields, require_target=require_target)[0]
 
 
 def _read_rows(path: Path) -> list[tuple[int, Any]]:
@@ -69,7 +117,7 @@ def _read_rows(path: Path) -> list[tuple[int, Any]]:
             try:
                 rows.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}: row {n}: invalid JSON: {e}") from e
+                raise DataError(f"{path}: line {n}: invalid JSON: {e}") from e
         return rows
     if path.suffix == ".parquet":
         import pyarrow as pa
@@ -83,11 +131,11 @@ def _read_rows(path: Path) -> list[tuple[int, Any]]:
     raise DataError(f"{path}: unknown format (expected .jsonl or .parquet)")
 
 
-def _candidates(paths: str | tuple[str, ...]) -> tuple[str, ...]:
+def _candidates(paths: Columns) -> tuple[str, ...]:
     return (paths,) if isinstance(paths, str) else paths
 
 
-def _lookup(row: dict, paths: str | tuple[str, ...]) -> tuple[Any, str]:
+def _lookup(row: dict, paths: Columns) -> tuple[Any, str]:
     """The first present, non-null value among the dotted `paths`, and the path it came from."""
     for dotted in _candidates(paths):
         value: Any = row
@@ -98,18 +146,31 @@ def _lookup(row: dict, paths: str | tuple[str, ...]) -> tuple[Any, str]:
     return _MISSING, " or ".join(_candidates(paths))
 
 
-def _record(path: Path, n: int, row: Any, fmap: dict, require_target: bool) -> Record:
+def _split_answer(text: str) -> tuple[str, str]:
+    """GSM8K ``reasoning #### answer`` -> (demonstration, ground truth) (module docstring)."""
+    if "####" not in text:
+        return text, text.strip()
+    reasoning, answer = (t.strip() for t in text.rsplit("####", 1))
+    if _THOUSANDS.fullmatch(answer):
+        answer = answer.replace(",", "")
+    return f"{reasoning}\n\n\\boxed{{{answer}}}", answer
+
+
+def _record(path: Path, where: str, row: Any, layout: Layout, require_target: bool) -> Record:
+    """The `Record` of one row; `where` ("line 3", "row 3") names it in errors."""
     def fail(name: str, column: str, problem: str) -> DataError:
-        return DataError(f"{path}: row {n}: field '{name}' (column '{column}'): {problem}")
+        return DataError(f"{path}: {where}: field '{name}' (column '{column}'): {problem}")
 
     if not isinstance(row, dict):
-        raise DataError(f"{path}: row {n}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{path}: {where}: expected a JSON object, got {type(row).__name__}")
+    fmap = layout.fields
     values = {name: _lookup(row, fmap[name]) for name in DEFAULT_FIELDS}
 
     def required(name: str) -> tuple[Any, str]:
         value, column = values[name]
         if value is _MISSING:
-            raise fail(name, column, "missing")
+            raise fail(name, column, f"missing — the row's columns are {', '.join(map(str, row)) or 'none'}; "
+                                     f"name the right one with data.fields.{CONFIG_NAMES[name]}=COLUMN")
         return value, column
 
     prompt, column = required("prompt")
@@ -120,6 +181,10 @@ def _record(path: Path, n: int, row: Any, fmap: dict, require_target: bool) -> R
         truth = str(truth)
     if not isinstance(truth, str) or not truth.strip():
         raise fail("ground_truth", column, f"expected a non-empty string, got {truth!r:.60}")
+    if layout.split_answer:
+        demonstration, truth = _split_answer(truth)
+        if values["target"][1] == column:
+            values["target"] = (demonstration, column)
 
     target, column = required("target") if require_target else values["target"]
     if target is not _MISSING:

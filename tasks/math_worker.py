@@ -1,38 +1,34 @@
-"""Child process of `tasks.math_answers.MathVerifier`: runs math-verify, one JSON line per request.
+"""math-verify itself, for a `tasks.worker` child process only: `equivalent` (what
+`tasks.math_answers.MathVerifier` calls) and `score` (the `math_verify` reward of `tasks.rewards`).
 
-Why a process: math-verify's own time limit is `signal.alarm`, which raises in any thread but the main
-one (actors score rewards off the main thread) and cannot interrupt long C-level work; a child process
-can always be killed. This file is run as a script, so it imports nothing from this project.
-
-Protocol (stdin/stdout, UTF-8 JSON lines, no pickle): the worker first writes ``{"ready": true}``;
-then for each request ``{"pred": str, "gold": str}`` (answer contents, without ``\\boxed``) it writes
-``{"ok": bool}``. EOF on stdin ends it.
+Why only in a worker: math-verify's own time limit is `signal.alarm` (main thread only) and cannot stop
+long C-level work, so its calls here run with that limit off and the worker's parent enforces one by
+killing the process. math-verify is imported here, at load, so a worker pays the import (seconds) while
+starting, not inside its first call's time limit.
 """
 
-import json
+from __future__ import annotations
+
 import logging
-import sys
+
+from math_verify import parse, verify
+
+from tasks.outcome import boxed_reward
+
+logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # silences the "timeout disabled" notes
 
 
-def main() -> None:
-    from math_verify import parse, verify
-
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # silences the "timeout disabled" notes
-
-    def check(pred: str, gold: str) -> bool:
+def equivalent(pred: str, gold: str) -> bool:
+    """True iff math-verify finds ``\\boxed{pred}`` equal to ``\\boxed{gold}`` (False when either does not
+    parse, or math-verify raises on malformed LaTeX: that answer is simply wrong)."""
+    try:
         g = parse("\\boxed{" + gold + "}", parsing_timeout=None)
         p = parse("\\boxed{" + pred + "}", parsing_timeout=None)
         return bool(g and p and verify(g, p, timeout_seconds=None))
-
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            ok = check(req["pred"], req["gold"])
-        except Exception:  # math-verify raises on some malformed LaTeX: that answer is simply wrong
-            ok = False
-        print(json.dumps({"ok": ok}), flush=True)
+    except Exception:
+        return False
 
 
-if __name__ == "__main__":
-    main()
+def score(prompt: str, response: str, ground_truth: str, extra: dict) -> float:
+    """The `math_verify` reward: `tasks.outcome.boxed_reward` with math-verify deciding non-integers."""
+    return boxed_reward(response, ground_truth, equivalent)

@@ -1,4 +1,4 @@
-"""vLLM weight-transfer engine "gloo": receives packed weight buckets from ``WeightSender`` on CPU.
+"""vLLM weight-transfer engine "gloo": receives packed weight buckets from ``WeightSender``'s gloo plane.
 
 Why: vLLM's native weight-transfer API (``init_weight_transfer_engine`` / ``start_weight_update`` /
 ``update_weights`` / ``finish_weight_update``) ships NCCL and CUDA-IPC engines only. This engine
@@ -12,9 +12,15 @@ It lives in the vLLM worker process. Per push the worker is driven by the actor-
   start_weight_update   -> vLLM layerwise reload begins (parameters go to meta, loaders buffer);
   update_weights        -> receive buckets until the one flagged ``last`` and feed each to
                            ``model.load_weights`` (HF names; vLLM fuses q/k/v, gate/up itself);
+                           a delta push (``weightsync.delta``) patches the mirror instead, then
+                           loads every tensor of the mirror;
   finish_weight_update  -> vLLM finalises the reload (re-runs CPU GEMM weight packing etc).
 A plain in-place ``load_weights`` would not be enough on CPU: vLLM pre-packs linear weights (oneDNN /
-sgl kernels) after loading, so only the reload lifecycle makes the new weights visible.
+sgl kernels) after loading, so only the reload lifecycle makes the new weights visible. For the same
+reason patches cannot be applied to the parameters in place: with ``mirror`` set (the sender runs in
+delta mode) the engine keeps the tensors of the last dense push (checkpoint names, wire dtype, CPU:
+one more copy of the weights), applies each delta to them and reloads from them. A failed push
+drops the mirror, so a later delta is refused until the next dense push (a new sender's first).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from weightsync.packing import unpack_bucket
+from weightsync.delta import apply_patch
+from weightsync.packing import unpack_bucket, unpack_patch_bucket
 from weightsync.protocol import (
     Heartbeat,
     WeightSyncError,
@@ -59,13 +66,14 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     world_size: int
     timeout_s: float = 60.0
     connect_timeout_s: float = 300.0
-    name: str = ""
+    mirror: bool = False  # keep the last dense push to apply deltas to
 
 
 @dataclass
 class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     version: int
     seq: int
+    delta: bool = False  # the buckets hold patches of the mirror, not full tensors
 
 
 def _tied_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -93,6 +101,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._store = None
         self._heartbeat: Heartbeat | None = None
         self._info: GlooWeightTransferInitInfo | None = None
+        self._mirror: dict[str, torch.Tensor] | None = None
         self._reload_active = False
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
@@ -103,7 +112,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._info = init_info
         self._store = group_store(connect_store(init_info.host, init_info.port, init_info.connect_timeout_s),
                                   init_info.prefix)
-        set_json(self._store, key_worker(init_info.rank), process_info(init_info.name))
+        set_json(self._store, key_worker(init_info.rank), process_info(f"gloo rank {init_info.rank}"))
         self._heartbeat = Heartbeat(init_info.host, init_info.port, init_info.rank, init_info.prefix)
         self._pg = new_gloo_group(self._store, init_info.rank, init_info.world_size, init_info.timeout_s,
                                   local_host=local_address_toward(init_info.host, init_info.port),
@@ -152,6 +161,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
         info = self._info
+        mirror, self._mirror = self._mirror, None  # valid again only once this push has fully landed
+        if update_info.delta and mirror is None:
+            raise WeightSyncError(f"rank {info.rank}: delta push #{update_info.seq} without a dense push to "
+                                  "patch (the engine was not initialised with mirror, or a push failed)")
+        if not update_info.delta:
+            mirror = {} if info.mirror else None
         index = 0
         with disable_mtp_completeness_check():
             for bucket in iter_buckets(self._pg, info.timeout_s,
@@ -163,11 +178,24 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                         f"(version {update_info.version}), got bucket {h.index} of push #{h.seq} "
                         f"(version {h.version})"
                     )
-                weights = unpack_bucket(h, bucket.payload)
-                if weights:
-                    self.model.load_weights(weights)
+                if update_info.delta:
+                    for name, shape, indices, values in unpack_patch_bucket(h, bucket.payload):
+                        base = mirror.get(name)
+                        if base is None or list(base.shape) != shape:
+                            raise WeightSyncError(f"rank {info.rank}: patch of {name!r} {shape} does not match "
+                                                  f"the last dense push")
+                        apply_patch(base, indices, values)
+                else:
+                    weights = unpack_bucket(h, bucket.payload)
+                    if weights:
+                        self.model.load_weights(weights)
+                    if mirror is not None:
+                        mirror.update(weights)
                 self._store.add(key_progress(h.seq, info.rank), 1)
                 index += 1
+            if update_info.delta:
+                self.model.load_weights(list(mirror.items()))
+        self._mirror = mirror
 
     def _abandon_reload(self) -> None:
         """A push failed half-way. Put the pre-update tensors back into every layer that had not been
@@ -204,4 +232,5 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 self._pg.abort()
             self._pg = None
         self._store = None
+        self._mirror = None
 

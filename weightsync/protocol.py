@@ -7,24 +7,30 @@ bucket framing, so those live here and nothing here imports vllm.
 Control plane: a ``torch.distributed.TCPStore`` hosted by the sender at ``(host, port)``. A TCPStore
 has no access control and listens on every interface, so the keys come in two namespaces.
 Public keys (anyone who reaches the port may read and write them):
-  config                      JSON {world_size, timeout_s, connect_timeout_s, nonce}: the sender's
-                              settings, which every receiver adopts (world_size counts the sender as
-                              rank 0); ``nonce`` is fresh for every sender
+  config                      JSON {world_size, timeout_s, connect_timeout_s, nonce, backend,
+                              engine_backend}: the sender's settings, which every receiver adopts
+                              (world_size counts the sender as rank 0); ``nonce`` is fresh for every
+                              sender; ``backend`` names its data plane (``weightsync.plane``), whose
+                              vLLM engine backend is ``engine_backend``
   tickets                     a peer draws ticket t with ``add``
   hello/<t>                   JSON {name, pid, host, proof}: ``proof`` = ``admission_proof(token, nonce, t)``
   admit/<t>                   the sender's verdict: JSON {rank} (1..N), or {error} for a refused peer
 Group keys, under the secret prefix ``group_prefix(token, nonce)`` (the store cannot list keys, so
 only a holder of the run's weight-sync token knows where they are):
+  plane/<r>                   JSON init_info of the data plane for receiver r, written before it is
+                              admitted; passed unchanged to its engine's ``init_weight_transfer_engine``
   rank/<r>                    JSON {name, pid, host} of receiver r's actor process (the helper)
   worker/<r>                  JSON {name, pid, host} of the vLLM worker process that holds rank r
   hb/<r>                      heartbeat counter bumped by the process that holds rank r's gloo group
-  push/<k>                    JSON {version} announcing the k-th push (k = 1, 2, ...)
+  push/<k>                    JSON {version, info} announcing the k-th push (k = 1, 2, ...); ``info``
+                              is the data plane's update_info, handed on to ``update_weights``
   progress/<k>/<r>            buckets of push k that rank r has received
   ack/<k>/<r>, nack/<k>/<r>   JSON outcome of push k on rank r (loaded version, or the error)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
-Data plane: a gloo process group of ``world_size`` ranks built over a ``PrefixStore`` of the group
-keys (independent of any default process group, so it coexists with FSDP's and vLLM's own groups).
+Gloo data plane (``weightsync.plane.GlooPlane``): a gloo process group of ``world_size`` ranks built
+over a ``PrefixStore`` of the group keys (independent of any default process group, so it coexists
+with FSDP's and vLLM's own groups).
 Every collective gets an explicit timeout; gloo raises when it expires (checked on this stack for a
 peer killed with SIGKILL and one frozen with SIGSTOP mid-broadcast).
 
@@ -78,6 +84,10 @@ def key_hello(ticket: int) -> str:
 
 def key_admit(ticket: int) -> str:
     return f"admit/{ticket}"
+
+
+def key_plane(rank: int) -> str:
+    return f"plane/{rank}"
 
 
 def key_rank(rank: int) -> str:
@@ -337,7 +347,8 @@ class Heartbeat:
         self._stop.set()
 
 
-def _maybe_json(store: dist.Store, key: str) -> dict:
+def maybe_json(store: dist.Store, key: str) -> dict:
+    """The JSON at ``key``; {} when absent or unreadable."""
     try:
         return get_json(store, key) if store.check([key]) else {}
     except Exception:
@@ -345,7 +356,7 @@ def _maybe_json(store: dist.Store, key: str) -> dict:
 
 
 def describe_receiver(store: dist.Store, rank: int) -> str:
-    actor, worker = _maybe_json(store, key_rank(rank)), _maybe_json(store, key_worker(rank))
+    actor, worker = maybe_json(store, key_rank(rank)), maybe_json(store, key_worker(rank))
     return (f"rank {rank} (engine {actor.get('name', '?')!r}, actor pid {actor.get('pid', '?')}, "
             f"transfer-rank pid {worker.get('pid', '?')} on {worker.get('host', actor.get('host', '?'))})")
 

@@ -4,14 +4,17 @@ Why a helper: every actor must perform the same sequence, in the same order, for
 learner announces, and must never leave its engine paused:
 
     pause_generation(mode="keep")      in-flight requests are frozen, not aborted
-    start_weight_update()              our "gloo" engine (weightsync.gloo_engine) starts a reload
-    update_weights({version, seq})     the worker receives the buckets and loads them
+    start_weight_update()              the transfer engine prepares (ours, weightsync.gloo_engine: a reload)
+    update_weights({version, seq, ...}) the worker receives the push and loads it
     finish_weight_update(str(version)) reload finalised; the engine now reports the version
     resume_generation()                in ``finally``: also after a failure
 then it acknowledges the version the engine reports (or the error) to the learner's store.
 
-The engine must be built with ``weight_transfer_config=WeightTransferConfig(backend="gloo")`` (see
-``engine_args_kwargs``) and the ``weightsync`` package installed so vLLM loads our plugin.
+The helper is blind to the data plane (``weightsync.plane``): it passes the plane's init_info
+(``plane/<rank>`` in the store) to ``init_weight_transfer_engine`` and each push's update_info (in
+``push/<k>``) to ``update_weights``, unchanged. The engine must be built with the transfer backend
+the sender's plane names (``engine_backend`` in its config; ``engine_args_kwargs(backend)``), and for
+"gloo" the ``weightsync`` package installed so vLLM loads our plugin.
 
 Usage inside an actor process::
 
@@ -38,6 +41,7 @@ from weightsync.protocol import (
     join_group,
     key_ack,
     key_nack,
+    key_plane,
     key_push,
     key_rank,
     process_info,
@@ -47,11 +51,18 @@ from weightsync.protocol import (
 logger = logging.getLogger(__name__)
 
 
-def engine_args_kwargs() -> dict:
-    """Extra ``AsyncEngineArgs`` keyword arguments that enable our transfer engine."""
+def engine_args_kwargs(backend: str = "gloo") -> dict:
+    """Extra ``AsyncEngineArgs`` keyword arguments that enable the transfer engine of the data plane
+    ``backend`` (a ``weight_sync.backend``: "gloo" = our ``weightsync.gloo_engine``, "nccl" = our
+    ``weightsync.nccl_engine`` over vLLM's NCCL engines)."""
     from vllm.config.weight_transfer import WeightTransferConfig
 
-    return {"weight_transfer_config": WeightTransferConfig(backend=BACKEND_NAME)}
+    from weightsync.nccl_plane import NCCL_ENGINE_BACKEND
+
+    engines = {"gloo": BACKEND_NAME, "nccl": NCCL_ENGINE_BACKEND}
+    if backend not in engines:
+        raise ValueError(f"unknown weight-sync backend {backend!r}: choose one of {sorted(engines)}")
+    return {"weight_transfer_config": WeightTransferConfig(backend=engines[backend])}
 
 
 class WeightReceiver:
@@ -93,17 +104,13 @@ class WeightReceiver:
         if port is not None:
             self.port = int(port)
         self._seq = 0
-        store, self._config, rank, prefix = await asyncio.to_thread(join_group, self.host, self.port,
-                                                                    self.token, self.name)
-        world = int(self._config["world_size"])
+        store, self._config, rank, _ = await asyncio.to_thread(join_group, self.host, self.port, self.token,
+                                                               self.name)
         await asyncio.to_thread(set_json, store, key_rank(rank), process_info(self.name))
+        plane_info = await asyncio.to_thread(get_json, store, key_plane(rank))
         store.set_timeout(timedelta(seconds=float(self._config["timeout_s"])))
         self._store, self.rank = store, rank
-        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info={
-            "host": self.host, "port": self.port, "prefix": prefix, "rank": rank, "world_size": world,
-            "timeout_s": float(self._config["timeout_s"]),
-            "connect_timeout_s": float(self._config["connect_timeout_s"]), "name": self.name,
-        }))
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=plane_info))
         return rank
 
     async def wait_for_push(self, timeout_s: float | None = None) -> int | None:
@@ -130,7 +137,8 @@ class WeightReceiver:
 
         self._require_init()
         seq = self._seq + 1
-        version = int((await asyncio.to_thread(get_json, self._store, key_push(seq)))["version"])
+        push = await asyncio.to_thread(get_json, self._store, key_push(seq))
+        version = int(push["version"])
         self._seq = seq
         t0 = time.monotonic()
         marks: dict[str, float] = {}
@@ -140,8 +148,8 @@ class WeightReceiver:
             try:
                 await self.engine.start_weight_update()
                 marks["start"] = time.monotonic()
-                await self.engine.update_weights(
-                    WeightTransferUpdateRequest(update_info={"version": version, "seq": seq}))
+                await self.engine.update_weights(WeightTransferUpdateRequest(
+                    update_info={"version": version, "seq": seq, **push["info"]}))
                 marks["update"] = time.monotonic()
                 await self.engine.finish_weight_update(weight_version=str(version))
                 marks["finish"] = time.monotonic()

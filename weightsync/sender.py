@@ -1,33 +1,42 @@
-"""Learner side of the weight sync: rank 0 of the FSDP group pushes full weights to every actor engine.
+"""Learner side of the weight sync: rank 0 of the FSDP group pushes weights to every actor engine.
 
 Why it looks like this:
-- The learner may not import vllm, so this module speaks only torch (TCPStore + gloo) and the
-  framing in ``weightsync.packing``/``weightsync.protocol``. The receiving end is our vLLM
-  weight-transfer engine (``weightsync.gloo_engine``), driven by ``weightsync.receiver``.
-- Tensors are packed into large per-dtype buckets; packing bucket i+1 overlaps the broadcast of
-  bucket i (a sender thread owns the gloo group, the caller's thread gathers and packs, so FSDP's own
-  collectives stay on the caller's thread).
-- Every collective has a deadline (gloo's own timeout, backed by a watchdog in the caller's thread);
-  a dead or frozen actor makes ``push`` raise ``WeightSyncError`` naming it, never hang. After a
-  failure the group is unusable: make a new ``WeightSender`` (and have the survivors re-init).
-- ``push`` returns only after every receiver acknowledged the version its engine now reports, so the
+- One control plane, pluggable data planes. ``WeightSender`` owns the choreography every backend
+  shares: admission, the push announcement, acks/nacks, abort keys, heartbeats, deadlines and the
+  failure diagnosis, over a TCPStore. The bytes travel through a data plane (``weightsync.plane``):
+  ``GlooPlane`` by default (CPU, CI), or one passed in (e.g. NCCL on GPUs).
+- The learner may not import vllm, so this module speaks only torch. The receiving end is a vLLM
+  weight-transfer engine (ours: ``weightsync.gloo_engine``), driven by ``weightsync.receiver``.
+- A push is split in two so the learner need not idle while weights travel:
+  ``prepare(named, version)`` consumes the iterable on the caller's thread (that iteration is the FSDP
+  gather, a collective of every rank) and encodes it (dense, or a delta against what the receivers
+  hold: ``weightsync.delta``); ``send(payload)`` announces it, broadcasts it and waits for every
+  acknowledgement, touching only the store and the data plane (never the default process group), so
+  it may run on a background thread while the caller's thread runs FSDP collectives. Payloads must
+  be sent in the order they were prepared, each once (deltas build on each other).
+  ``push = send(prepare(...))``.
+- Every step has a deadline; a dead or frozen actor makes ``send`` raise ``WeightSyncError`` naming
+  it, never hang. After a failure the sender is unusable: make a new ``WeightSender`` (and have the
+  survivors re-init); its first push is dense.
+- ``send`` returns only after every receiver acknowledged the version its engine now reports, so the
   learner knows exactly which version each engine holds.
 - Only peers that prove the run's weight-sync token are admitted (``weightsync.protocol``: who may
   join); the others are refused and counted in ``refused`` (reported by every push).
 
 Usage (learner, all FSDP ranks iterate the gather; only rank 0 owns a sender)::
 
-    sender = WeightSender(num_receivers=len(actors), host=my_ip, port=0, token=secrets.weight_sync_token)
+    sender = WeightSender(num_receivers=len(actors), host=my_ip, port=0, token=secrets.weight_sync_token,
+                          mode="delta", full_every=10)
     ... hand sender.address and the token to the actors, they call WeightReceiver.init() ...
-    stats = sender.push(full_named_tensors(model), version=step)           # rank 0
-    drain(full_named_tensors(model))                                       # other ranks
+    payload = sender.prepare(learner.named_full_weights(dtype), version=step)   # rank 0
+    stats = sender.send(payload)                                                # rank 0, any thread
+    drain(learner.named_full_weights(dtype))                                    # other ranks
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -36,7 +45,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from weightsync.packing import Bucket, pack_buckets
+from weightsync.delta import DeltaEncoder
+from weightsync.plane import GlooPlane, Payload, SenderPlane
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
     HEARTBEAT_PERIOD_S,
@@ -52,14 +62,14 @@ from weightsync.protocol import (
     key_admit,
     key_hello,
     key_nack,
+    key_plane,
     key_progress,
     key_push,
     key_rank,
     key_worker,
-    new_gloo_group,
+    maybe_json,
     new_nonce,
     proof_matches,
-    send_bucket,
     set_json,
     stalled_heartbeats,
 )
@@ -77,10 +87,11 @@ def clean_param_name(name: str) -> str:
 
 
 def full_named_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full_tensor)`` for every parameter. FSDP2 ``DTensor`` shards are all-gathered
-    with ``full_tensor()`` (a collective: every FSDP rank must iterate this in the same order)."""
+    """Yield ``(hf_name, full_tensor)`` for every parameter, each a new tensor (a payload keeps it).
+    FSDP2 ``DTensor`` shards are all-gathered with ``full_tensor()`` (a collective: every FSDP rank
+    must iterate this in the same order). The learner's own gatherer is ``learner.gather``."""
     for name, p in module.named_parameters():
-        full = p.full_tensor() if callable(getattr(p, "full_tensor", None)) else p
+        full = p.full_tensor() if callable(getattr(p, "full_tensor", None)) else p.detach().clone()
         yield clean_param_name(name), full.detach()
 
 
@@ -90,18 +101,29 @@ def drain(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         pass
 
 
-class WeightSender:
-    """Broadcasts weights to ``num_receivers`` vLLM engines over a gloo group rooted here (rank 0).
+def wire_tensor(t: torch.Tensor, cast_dtype: torch.dtype | None) -> torch.Tensor:
+    """``t`` as it travels: floating tensors cast to ``cast_dtype`` when given; others unchanged."""
+    t = t.detach()
+    return t.to(cast_dtype) if cast_dtype is not None and t.is_floating_point() else t
 
-    ``host`` is the address receivers connect to and the one this end of the gloo group binds
+
+class WeightSender:
+    """Pushes weights to ``num_receivers`` vLLM engines: the control plane, over its TCPStore, plus a
+    data plane (``plane``; default: a ``GlooPlane`` rooted here).
+
+    ``host`` is the address receivers connect to and the one the gloo plane binds
     (``GLOO_SOCKET_IFNAME`` overrides the latter): this node's IP on a cluster, loopback (the
     default) on a single machine. The store itself listens on every interface, whatever ``host`` is,
     which is why ``token`` (the run's ``RunSecrets.weight_sync_token``) must be proven by every peer
     before it gets a seat. ``port=0`` picks a free port (read it back from ``address``).
-    ``timeout_s`` is the deadline of every
-    collective and of the acknowledgements; it must also exceed the longest pause between two
-    buckets (e.g. the FSDP gather of one bucket's worth of parameters), since receivers wait in a
-    collective meanwhile.
+    ``backend``: the data plane when ``plane`` is not given — "gloo" (``GlooPlane``) or "nccl"
+    (``weightsync.nccl_plane.NcclPlane`` over engines of ``tp`` workers each, TP × PP).
+    ``timeout_s`` is the deadline of the broadcast (per bucket on the gloo plane) and of the
+    acknowledgements. ``cast_dtype``: floating tensors are cast to it in ``prepare`` (None: sent as
+    given; the learner's gatherer already yields the serving dtype). ``mode``: "full" (every push
+    dense) or "delta" (``weightsync.delta``: changed elements only, dense every ``full_every`` pushes
+    and on the first; costs one copy of the weights in the wire dtype on this rank, and on each gloo
+    receiver).
     """
 
     def __init__(
@@ -115,30 +137,52 @@ class WeightSender:
         timeout_s: float = 60.0,
         connect_timeout_s: float = 300.0,
         cast_dtype: torch.dtype | None = None,
+        plane: SenderPlane | None = None,
+        backend: str = "gloo",
+        tp: int = 1,
+        mode: str = "full",
+        full_every: int = 10,
     ):
         if num_receivers < 1:
             raise ValueError(f"num_receivers must be >= 1, got {num_receivers}")
         if not token:
             raise ValueError("WeightSender needs the run's weight-sync token (RunSecrets.weight_sync_token)")
         self.num_receivers = num_receivers
-        self.bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.cast_dtype = cast_dtype
+        self._delta = DeltaEncoder(mode, full_every)
         self._root = dist.TCPStore(host, port, None, True, timeout=timedelta(seconds=connect_timeout_s),
                                    wait_for_workers=False)
         self.address = (host, self._root.port)
         self._token, self._nonce = token, new_nonce()
-        self._store = group_store(self._root, group_prefix(token, self._nonce))
+        prefix = group_prefix(token, self._nonce)
+        self._store = group_store(self._root, prefix)
+        bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
+        if plane is None and backend == "nccl":
+            from weightsync.nccl_plane import NcclPlane
+
+            plane = NcclPlane(num_receivers, tp, packed_buffer_bytes=bucket_bytes, control={
+                "host": host, "port": self._root.port, "prefix": prefix, "timeout_s": self.timeout_s,
+                "connect_timeout_s": self.connect_timeout_s})
+        elif plane is None and backend != "gloo":
+            raise ValueError(f"unknown weight-sync backend {backend!r}: choose gloo or nccl")
+        self.plane: SenderPlane = plane if plane is not None else GlooPlane(
+            self._store, self.address, prefix, num_receivers, bucket_bytes=bucket_bytes,
+            timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s, mirror=mode == "delta")
         set_json(self._root, "config", {"world_size": num_receivers + 1, "timeout_s": self.timeout_s,
-                                        "connect_timeout_s": self.connect_timeout_s, "nonce": self._nonce})
+                                        "connect_timeout_s": self.connect_timeout_s, "nonce": self._nonce,
+                                        "backend": self.plane.backend,
+                                        "engine_backend": self.plane.engine_backend})
+        logger.info("weight sync at %s:%d: %s data plane, mode %s", *self.address, self.plane.backend, mode)
+        self._lock = threading.Lock()  # admission state: _screen runs on the caller's and the send thread
         self._tickets = 0  # tickets drawn so far
         self._unanswered: set[int] = set()  # drawn, hello not answered yet
         self._seated = 0  # receivers admitted (they hold ranks 1.._seated)
         self.refused = 0  # peers refused a seat (wrong token, or none left)
-        self._pg: dist.ProcessGroupGloo | None = None
-        self._seq = 0
-        self._sent = 0
+        self._connected = False
+        self._prepared = 0  # payloads prepared (their seq)
+        self._seq = 0  # payloads sent
         self._broken: str | None = None
         self.receivers: dict[int, dict] = {}
         self.versions: dict[str, int] = {}  # engine name -> version it acknowledged
@@ -150,37 +194,39 @@ class WeightSender:
         return list(range(1, self._seated + 1))
 
     def _screen(self) -> None:
-        """Answer every pending hello: a peer whose proof matches the token gets the next rank while
-        seats are left and the group is not formed yet; any other is refused with the reason
-        (``refused`` counts them) and never learns where the group keys are."""
-        drawn = self._root.add(TICKETS, 0)
-        self._unanswered.update(range(self._tickets + 1, drawn + 1))
-        self._tickets = max(self._tickets, drawn)
-        for t in sorted(self._unanswered):
-            if not self._root.check([key_hello(t)]):
-                continue  # drew a ticket, has not said hello yet
-            self._unanswered.discard(t)
-            try:
-                hello = get_json(self._root, key_hello(t))
-                proven = proof_matches(self._token, self._nonce, t, hello.get("proof"))
-            except (ValueError, AttributeError):  # not JSON, or not an object
-                hello, proven = {}, False
-            if not proven:
-                why = "wrong weight-sync token"
-            elif self._pg is not None or self._seated == self.num_receivers:
-                why = f"all {self.num_receivers} receiver seats are taken"
-            else:
-                self._seated += 1
-                set_json(self._root, key_admit(t), {"rank": self._seated})
-                continue
-            self.refused += 1
-            logger.warning("weight sync at %s:%d refused a peer (claims to be %r on %r): %s", *self.address,
-                           hello.get("name"), hello.get("host"), why)
-            set_json(self._root, key_admit(t), {"error": why})
+        """Answer every pending hello: a peer whose proof matches the token gets the next rank (and its
+        data-plane init_info) while seats are left and the group is not formed yet; any other is refused
+        with the reason (``refused`` counts them) and never learns where the group keys are."""
+        with self._lock:
+            drawn = self._root.add(TICKETS, 0)
+            self._unanswered.update(range(self._tickets + 1, drawn + 1))
+            self._tickets = max(self._tickets, drawn)
+            for t in sorted(self._unanswered):
+                if not self._root.check([key_hello(t)]):
+                    continue  # drew a ticket, has not said hello yet
+                self._unanswered.discard(t)
+                try:
+                    hello = get_json(self._root, key_hello(t))
+                    proven = proof_matches(self._token, self._nonce, t, hello.get("proof"))
+                except (ValueError, AttributeError):  # not JSON, or not an object
+                    hello, proven = {}, False
+                if not proven:
+                    why = "wrong weight-sync token"
+                elif self._connected or self._seated == self.num_receivers:
+                    why = f"all {self.num_receivers} receiver seats are taken"
+                else:
+                    self._seated += 1
+                    set_json(self._store, key_plane(self._seated), self.plane.init_info(self._seated))
+                    set_json(self._root, key_admit(t), {"rank": self._seated})
+                    continue
+                self.refused += 1
+                logger.warning("weight sync at %s:%d refused a peer (claims to be %r on %r): %s", *self.address,
+                               hello.get("name"), hello.get("host"), why)
+                set_json(self._root, key_admit(t), {"error": why})
 
     def connect(self) -> None:
-        """Wait for every receiver to register and join the gloo group (``connect_timeout_s``)."""
-        if self._pg is not None:
+        """Wait for every receiver to register and join the data plane (``connect_timeout_s``)."""
+        if self._connected:
             return
         ranks = list(range(1, self.num_receivers + 1))
         deadline = time.monotonic() + self.connect_timeout_s
@@ -196,57 +242,70 @@ class WeightSender:
                 )
             time.sleep(0.05)
         try:
-            self._pg = new_gloo_group(self._store, 0, self.num_receivers + 1, self.timeout_s,
-                                      local_host=self.address[0],
-                                      connect_timeout_s=max(1.0, deadline - time.monotonic()))
+            self.plane.connect(max(1.0, deadline - time.monotonic()))
         except RuntimeError as e:
-            raise WeightSyncError(f"gloo rendezvous with {self.num_receivers} receivers failed: {e}") from e
-        self.receivers = {r: {**get_json(self._store, key_rank(r)),
-                              "worker": get_json(self._store, key_worker(r))} for r in ranks}
+            raise WeightSyncError(f"{self.plane.backend} rendezvous with {self.num_receivers} receivers failed: "
+                                  f"{e}") from e
+        self._connected = True
+        # worker/<r> is written by our gloo engine only (another plane's engine may not say who it is)
+        self.receivers = {r: {**get_json(self._store, key_rank(r)), "worker": maybe_json(self._store, key_worker(r))}
+                          for r in ranks}
 
     # ------------------------------------------------------------------ push
-    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
-        """Send one full set of weights tagged ``version`` and wait until every engine has loaded it.
+    def prepare(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Payload:
+        """Consume ``named_tensors`` on this thread (the FSDP gather) and encode push ``version``: dense,
+        or the patches against what every receiver holds (``weightsync.delta``). The tensors must be
+        new (not views of live parameters): the payload keeps them, and in delta mode they become the
+        baseline of the next push. An error raised by the iterable propagates; nothing was announced
+        and the sender stays usable."""
+        named = [(name, wire_tensor(t, self.cast_dtype)) for name, t in named_tensors]
+        payload = self._delta.encode(named, int(version), self._prepared + 1)
+        self._prepared += 1
+        return payload
 
-        Returns ``{version, seq, bytes, buckets, tensors, seconds, send_s, ack_s, gbps, acks, ack_info,
-        refused}`` where ``acks`` maps engine name -> the version that engine reports after loading,
-        ``ack_info`` holds each receiver's full acknowledgement (its load time etc) and ``refused``
-        counts the peers this sender refused so far (answered before every push). Raises
-        ``WeightSyncError`` (naming the failed engines) on a dead/frozen/failing receiver.
+    def send(self, payload: Payload) -> dict:
+        """Announce ``payload``, broadcast it and wait until every engine has loaded it.
+
+        Returns ``{version, seq, mode, backend, bytes, changed_frac, buckets, tensors, seconds, send_s,
+        ack_s, gbps, acks, ack_info, refused}`` where ``bytes`` counts the payload bytes on the wire,
+        ``changed_frac`` the changed elements / all elements (1.0 when dense), ``acks`` maps engine name
+        -> the version that engine reports after loading, ``ack_info`` holds each receiver's full
+        acknowledgement (its load time etc) and ``refused`` counts the peers this sender refused so far
+        (answered before every push). Raises ``WeightSyncError`` (naming the failed engines) on a
+        dead/frozen/failing receiver, and ``ValueError`` for a payload sent out of order.
         """
         if self._broken:
             raise WeightSyncError(f"sender unusable after an earlier failure: {self._broken}")
+        if payload.seq != self._seq + 1:
+            raise ValueError(f"payload #{payload.seq} sent after #{self._seq}: send every prepared payload "
+                             "once, in the order prepared (deltas build on each other)")
         self.connect()
-        assert self._pg is not None
         self._screen()
-        self._seq += 1
-        seq = self._seq
+        self._seq = seq = payload.seq
+        version = payload.version
         t0 = time.perf_counter()
-        set_json(self._store, key_push(seq), {"version": int(version)})
-        stats = {"bytes": 0, "buckets": 0, "tensors": 0}
-        self._sent = 0  # buckets whose broadcast completed (for the failure diagnosis)
         try:
-            self._broadcast_all(
-                pack_buckets(named_tensors, self.bucket_bytes, version=int(version), seq=seq,
-                             cast_dtype=self.cast_dtype),
-                stats,
-            )
+            set_json(self._store, key_push(seq), {"version": version, "info": self.plane.update_info(payload)})
+            stats = self.plane.send(payload, self.timeout_s)
             t_sent = time.perf_counter()
-            acks = self._wait_acks(seq, int(version))
+            acks = self._wait_acks(seq, version)
         except WeightSyncError as e:
             raise self._fail(seq, e) from e
-        except Exception as e:  # includes errors raised by the caller's iterable
+        except Exception as e:
             raise self._fail(seq, WeightSyncError(f"push of version {version} aborted: {e!r}")) from e
-        except BaseException:  # KeyboardInterrupt etc: poison the group, let it through
+        except BaseException:  # KeyboardInterrupt etc: poison the sender, let it through
             self._broken = "interrupted during a push"
-            self._abort_group()
+            self.plane.abort()
             raise
         t1 = time.perf_counter()
         for a in acks.values():
-            self.versions[a["name"]] = int(version)
+            self.versions[a["name"]] = version
         return {
-            "version": int(version),
+            "version": version,
             "seq": seq,
+            "mode": payload.mode,
+            "backend": self.plane.backend,
+            "changed_frac": payload.changed_frac,
             **stats,
             "seconds": t1 - t0,
             "send_s": t_sent - t0,
@@ -257,61 +316,9 @@ class WeightSender:
             "refused": self.refused,
         }
 
-    def _broadcast_all(self, buckets: Iterable[Bucket], stats: dict) -> None:
-        """Pack on this thread, broadcast on a sender thread."""
-        assert self._pg is not None
-        pg, timeout_s = self._pg, self.timeout_s
-        q: queue.Queue[Bucket | None] = queue.Queue(maxsize=1)
-        state = {"busy_since": None, "error": None}
-
-        def sender_loop() -> None:
-            try:
-                while (b := q.get()) is not None:
-                    state["busy_since"] = time.monotonic()
-                    send_bucket(pg, b, timeout_s)
-                    state["busy_since"] = None
-                    self._sent += 1
-            except BaseException as e:
-                state["error"] = e
-
-        thread = threading.Thread(target=sender_loop, name="weightsync-send", daemon=True)
-        thread.start()
-
-        def check() -> None:
-            if state["error"] is not None:
-                raise WeightSyncError(f"broadcast failed: {state['error']}") from state["error"]
-            since = state["busy_since"]
-            if since is not None and time.monotonic() - since > timeout_s + 2.0:
-                raise WeightSyncError(f"broadcast exceeded its {timeout_s:.0f} s deadline (watchdog)")
-            if not thread.is_alive():
-                raise WeightSyncError("sender thread exited unexpectedly")
-
-        def put(item: Bucket | None) -> None:
-            while True:
-                check()
-                try:
-                    q.put(item, timeout=0.05)
-                    return
-                except queue.Full:
-                    continue
-
-        try:
-            for b in buckets:
-                stats["bytes"] += b.header.nbytes
-                stats["buckets"] += 1
-                stats["tensors"] += len(b.header.names)
-                put(b)
-            put(None)
-            while thread.is_alive():
-                check()
-                thread.join(0.02)
-            check_done = state["error"]
-            if check_done is not None:
-                raise WeightSyncError(f"broadcast failed: {check_done}") from check_done
-        finally:
-            if thread.is_alive():  # unblock the loop if we bail out while it waits for work
-                with contextlib.suppress(queue.Full):
-                    q.put_nowait(None)
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
+        """``send(prepare(named_tensors, version))``."""
+        return self.send(self.prepare(named_tensors, version))
 
     def _wait_acks(self, seq: int, version: int) -> dict[int, dict]:
         deadline = time.monotonic() + self.timeout_s
@@ -334,6 +341,8 @@ class WeightSender:
                     acks[r] = {"name": self.receivers[r].get("name", str(r)), **ack}
             if len(acks) == len(ranks):
                 return acks
+            if self._broken:  # closed from another thread (the learner rebuilds the group)
+                raise WeightSyncError(f"push of version {version} abandoned: sender {self._broken}")
             if time.monotonic() > deadline:
                 raise WeightSyncError(f"no acknowledgement of version {version} within {self.timeout_s:.0f} s")
             time.sleep(0.002)
@@ -342,6 +351,7 @@ class WeightSender:
         """Name the receivers responsible, poison the sender; returns the error to raise."""
         ranks = list(self.receivers)
         failed = dict(err.failed_ranks)
+        sent = getattr(self.plane, "buckets_sent", None)  # planes that count buckets (gloo's progress keys)
         with contextlib.suppress(Exception):  # tell the survivors to stop waiting for this push
             self._store.set(key_abort(seq), str(err)[:2000])
         try:
@@ -355,25 +365,20 @@ class WeightSender:
                         failed.setdefault(r, f"reported: {err_r}")
                 elif r in stalled:
                     failed.setdefault(r, "no heartbeat (process dead or frozen)")
-                elif r not in failed and not self._store.check([key_ack(seq, r)]):
+                elif sent is not None and r not in failed and not self._store.check([key_ack(seq, r)]):
                     got = self._store.add(key_progress(seq, r), 0)
-                    if got < self._sent:
-                        failed[r] = f"received {got} of {self._sent} buckets"
+                    if got < sent:
+                        failed[r] = f"received {got} of {sent} buckets"
         except Exception as diag_err:  # diagnosis is best effort; the original error matters most
             failed.setdefault(-1, f"diagnosis failed: {diag_err!r}")
         who = "; ".join(f"{describe_receiver(self._store, r)}: {why}" for r, why in sorted(failed.items())
                         if r > 0) or "no receiver identified"
         msg = f"weight push #{seq} failed: {err}. Suspect receivers: {who}"
         self._broken = msg
-        self._abort_group()
+        self.plane.abort()
         return WeightSyncError(msg, failed_ranks=failed)
 
-    def _abort_group(self) -> None:
-        pg, self._pg = self._pg, None
-        if pg is not None:
-            with contextlib.suppress(Exception):
-                pg.abort()
-
     def close(self) -> None:
-        self._abort_group()
+        self.plane.abort()
         self._broken = self._broken or "closed"
+

@@ -67,7 +67,7 @@ def test_prefix_rows_rho_one_and_fractional(make_actor, buffers, learner_client,
 def test_prefix_covering_the_answer_earns_the_reward(make_actor, buffers, learner_client, demos, tokenizer):
     """rho = 0.99 keeps the whole target (all but the eos) as prefix: the actor's own reward of that row
     is 1 (its text contains the teacher's boxed answer), through the real reward function."""
-    from tasks import reward
+    from tasks.rewards import arithmetic  # the run's reward on the synthetic task (reward.fn unset)
 
     _, _, pulled = luffy_run(make_actor, buffers, learner_client, demos, 2, rollout__max_response_tokens=96,
                              luffy__n_prefix=1, luffy__prefix_strategy="fixed", luffy__min_prefix_ratio=0.99,
@@ -77,4 +77,4 @@ def test_prefix_covering_the_answer_earns_the_reward(make_actor, buffers, learne
         guided = [s for s in g.samples if s.prefix_mask.any()]
         assert len(guided) == 1
         text = tokenizer.decode(guided[0].tokens.tolist(), skip_special_tokens=True)
-        assert guided[0].reward == reward(text, g.ground_truth) == 1.0, text
+        assert guided[0].reward == arithmetic("", text, g.ground_truth, {}) == 1.0, text

@@ -61,7 +61,7 @@ def test_learner_reproduces_vllm_processed_logprobs(host, model_dir, tokenizer, 
     from learner.fsdp import load_causal_lm
 
     settings = SamplingSettings(temperature=temperature, top_p=top_p, max_tokens=24, top_k=top_k)
-    sampler = GroupSampler(host.engine, tokenizer, settings, reward_fn=lambda text, truth: 0.0, seed=top_k)
+    sampler = GroupSampler(host.engine, tokenizer, settings, reward_fn=lambda prompt, text, truth, extra: 0.0, seed=top_k)
     try:
         item = prompts[top_k % len(prompts)]
         samples, _ = host.call(sample_with_version(host.engine, sampler, item, 4), timeout_s=300)

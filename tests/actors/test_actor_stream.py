@@ -52,7 +52,7 @@ def test_groups_survive_the_trip_exactly(trip):
 
 
 def test_group_structure_finish_and_truncation(trip, prompts, tokenizer):
-    from tasks import reward
+    from tasks.rewards import arithmetic  # the run's reward on the synthetic task (reward.fn unset)
 
     by_index = {p.prompt_index: p for p in prompts}
     eos = tokenizer.eos_token_id
@@ -74,7 +74,7 @@ def test_group_structure_finish_and_truncation(trip, prompts, tokenizer):
                 assert s.finish_reason == "length" and s.truncated and T == MAX_RESPONSE_TOKENS
                 assert eos not in s.tokens.tolist()
             text = tokenizer.decode(s.tokens.tolist(), skip_special_tokens=True)
-            assert s.reward == reward(text, g.ground_truth)
+            assert s.reward == arithmetic(item.question, text, g.ground_truth, item.extra)
     assert "length" in reasons, "no truncated sample: raise GROUPS or lower max_response_tokens"
     assert "stop" in reasons, "no sample ended with eos"
 

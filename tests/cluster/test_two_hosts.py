@@ -178,7 +178,7 @@ def test_grpo_trains_across_two_hosts(two_hosts, model_cache, tmp_path, world_si
     # the run: every step trained, every push acknowledged, a checkpoint written
     rows = check_run(out, STEPS, 1, "loss/pg")
     assert all(math.isfinite(r["time/weight_sync_s"]) and r["time/weight_sync_s"] > 0 for r in rows), rows
-    weights = out / "checkpoints" / f"step_{STEPS}" / "model.safetensors"
+    weights = out / "hf" / f"step_{STEPS}" / "model.safetensors"  # the run's final HF export
     assert weights.is_file()
 
     # placement: actors on B, learner ranks on A, nowhere else

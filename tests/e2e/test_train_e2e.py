@@ -37,10 +37,15 @@ ALGO_KEYS = {"rloo": "loss/pg", "prime": "prime/prm_loss", "pure": "pure/min_ste
 @pytest.mark.parametrize("algo", ["prime", "pure", "luffy", "pacs"])
 def test_every_algorithm_runs_async_with_two_actors(algo, tmp_path, model_cache):
     extra = ["--set", "buffer.acc_lo=0.0"] if algo == "prime" else []  # keep groups the model fails entirely
+    if algo == "pure":  # also the bf16 delta weight sync end to end: pushes 1 and 3 dense, 2 a delta
+        extra = ["--set", "model.dtype=bfloat16", "--set", "weight_sync.mode=delta", "--set", "weight_sync.full_every=2"]
     out = tmp_path / algo
     train(out, model_cache, "--algo", algo, "--actors", "2", "--steps", "3", "--max-staleness", "1", *extra)
-    check_run(out, 3, 1, ALGO_KEYS[algo])
+    rows = check_run(out, 3, 1, ALGO_KEYS[algo])
     assert_weights_changed(out, 3, model_cache)
+    if algo == "pure":  # row s reports the push of version s - 1 (it travelled during step s)
+        pushed = {r["step"]: r.get("weight_sync/changed_frac") for r in rows}
+        assert pushed[1] is None and pushed[2] == 1.0 and 0 < pushed[3] < 1, pushed
 
 
 def test_ctrl_c_stops_cleanly_then_resume_trains_no_prompt_twice(tmp_path, model_cache):

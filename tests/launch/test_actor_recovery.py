@@ -1,7 +1,8 @@
 """The driver's recovery from a dead actor, against a real buffer process and a stand-in process graph
 (the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`): what the successor
 skips, re-queues and resumes from, that the dead actor's credit is released, the order of restart ->
-weight-sync group -> push -> rollouts, and that a weight push failed by a dead actor restarts it."""
+weight-sync group -> push -> rollouts, that a weight push failed by a dead actor restarts it, and that
+the next version's push starts only after the previous one has landed."""
 
 from __future__ import annotations
 
@@ -33,11 +34,18 @@ class StandInGraph:
     def actor_stats(self):
         return {i: r for i, r in self.reports.items() if i not in self.dead}, dict(self.dead)
 
-    def push_weights(self, version):
-        self.calls.append(("push", version))
+    def start_push(self, version):
+        self.calls.append(("start", version))
+
+    def finish_push(self):
+        self.calls.append(("finish",))
         if self.fail_next_push:
             self.fail_next_push = False
             raise RuntimeError("weight push #3 failed: broadcast failed: Connection closed by peer")
+        return {"gbps": 1.0}
+
+    def push_weights(self, version):
+        self.calls.append(("push", version))
         return {"gbps": 1.0}
 
     def restart_actors(self, plans, version):
@@ -75,25 +83,30 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
         assert driver._check_actors() == {}  # all alive: their reports are kept
         graph.dead, graph.fail_next_push = {1: "process gone: ActorDiedError"}, True
 
-        assert driver._push_weights() == {}
+        assert driver._sync_weights() == {}  # the push in flight failed: the restart re-synced version 1
 
-        push, (_, plans, version), *rest = graph.calls
-        assert push == ("push", 1) and version == 1 and list(plans) == [1]
-        assert rest == [("connect",), ("push", 1), ("rollouts", [1])]  # new group, push, and only then generate
+        finish, (_, plans, version), *rest = graph.calls
+        assert finish == ("finish",) and version == 1 and list(plans) == [1]
+        # new group, a push that waits for every actor, and only then generate; no second push of version 1
+        assert rest == [("connect",), ("push", 1), ("rollouts", [1])]
         plan = plans[1]
         assert plan["cursor"] == graph.reports[1]["cursor"]
         assert set(plan["skip"]) == {(0, 1), (0, 3), (0, 5)}  # trained, trained, held by the buffer
         assert plan["requeue"] == [(0, 7)]  # of its unfinished prompts, the one neither trained nor held
         assert driver.client.stats()["credits_outstanding"] == 0  # the dead actor's credit was released
-        assert any(m.startswith("[actor] the weight push of version 1 failed") for m in said)
+        assert any(m.startswith("[actor] a weight push failed (weight push #3 failed") for m in said)
         assert ("[actor] actor 1 (pid 101) died (process gone: ActorDiedError); restarted as pid 111 and "
                 "re-synced to version 1") in said[-1]
         assert "resume at epoch 0, position 4, 1 unfinished re-queued" in said[-1]
 
+        graph.calls = []
+        assert driver._sync_weights() == {"gbps": 1.0}  # the previous push's stats; this version's starts
+        assert graph.calls == [("finish",), ("start", 1)]
+
         graph.dead, graph.fail_next_push, graph.calls = {}, True, []
         with pytest.raises(RuntimeError, match="weight push #3"):  # no actor to blame: the error stands
-            driver._push_weights()
-        assert [c[0] for c in graph.calls] == ["push"]
+            driver._sync_weights()
+        assert graph.calls == [("finish",)]
     finally:
         driver.client.close()
 

@@ -85,6 +85,7 @@ def test_auto_resolves_against_the_cluster_and_is_recorded():
     on_cpu = ClusterInfo(None, "this machine", (Node("this machine", 2, 0, 24),)).resolve(cfg)
     assert (on_cpu.rollout.gpus_per_actor, on_cpu.learner.gpus_per_rank, on_cpu.model.dtype) == (0.0, 0.0, "float32")
     assert on_cpu.ray_address is None
+    assert (on_gpus.weight_sync.backend, on_cpu.weight_sync.backend) == ("nccl", "gloo")  # auto: GPUs on both ends
     assert ClusterInfo(None, "a local Ray", (Node("this machine", 2, 0, 24),)).describe() == \
         "this machine (a local Ray): 2 CPU, 0 GPU, 24.0 GiB"
     assert ClusterInfo("10.0.0.1:6379", "RAY_ADDRESS", tuple(gpu_nodes(2))).describe() == \
@@ -108,6 +109,10 @@ def test_zero_gpus_on_a_gpu_cluster_and_tensor_parallel_without_gpus_are_refused
     resolve_auto(resolve("sft", overrides=["rollout.gpus_per_actor=0"]), gpu_nodes(1))  # SFT starts no actor
     with pytest.raises(ResourceError, match="tensor_parallel_size=2 shards each engine over GPUs but there are none"):
         resolve_auto(resolve("grpo", overrides=["rollout.engine.tensor_parallel_size=2"]), [Node("m", 8, 0, 32)])
+    with pytest.raises(ResourceError, match="weight_sync.backend=nccl needs GPUs on the learner ranks and on the "
+                                            r"actors \(learner.gpus_per_rank=0, rollout.gpus_per_actor=0\) — use "
+                                            "--set weight_sync.backend=gloo"):
+        resolve_auto(resolve("grpo", overrides=["weight_sync.backend=nccl"]), [Node("m", 8, 0, 32)])
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -116,7 +121,7 @@ def test_zero_gpus_on_a_gpu_cluster_and_tensor_parallel_without_gpus_are_refused
     (["rollout.gpus_per_actor=2"], "or rollout.engine.tensor_parallel_size=2"),
     (["rollout.gpus_per_actor=0.5"], "rollout.engine.gpu_memory_utilization: engines share GPUs"),
     (["rollout.gpus_per_actor=0.5", "rollout.engine.gpu_memory_utilization=0.9"], "use at most 0.5"),
-    (["rollout.gpus_per_actor=lots"], "rollout.gpus_per_actor: Value error, expects 'auto' or a number ≥ 0"),
+    (["rollout.gpus_per_actor=lots"], "rollout.gpus_per_actor: expects 'auto' or a number ≥ 0, got 'lots'"),
 ])
 def test_gpu_settings_that_cannot_work_fail_at_parse_time(overrides, message):
     with pytest.raises(ConfigError) as e:

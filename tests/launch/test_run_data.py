@@ -42,8 +42,9 @@ def test_a_wrong_teacher_trace_scores_zero_at_load(run_data):
     data, said = run_data
     assert data.demo_rewards == {0: 1.0, 1: 1.0, WRONG: 0.0, 3: 1.0, 4: 1.0}
     assert data.demos_below_one == 1
-    assert len(said) == 1 and said[0].startswith("[data] 1 of 5 demonstrations from ")
-    assert "score < 1" in said[0]
+    assert said[0].startswith("[data] ") and ": 5 rows, layout veRL (" in said[0]  # the teacher file's layout
+    assert len(said) == 2 and said[1].startswith("[data] 1 of 5 demonstrations from ")
+    assert "score < 1" in said[1]
 
 
 def test_the_buffer_attaches_the_wrong_trace_with_its_score(run_data, tmp_path):

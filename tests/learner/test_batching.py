@@ -1,4 +1,4 @@
-"""Batch assembly: rows, rank shards (whole groups), micro-batch plans, padding, staleness."""
+"""Batch assembly: rows, rank shards (whole groups), micro-batch plans, padding and packing, staleness."""
 
 import numpy as np
 import pytest
@@ -34,6 +34,20 @@ def test_microbatch_positions_targets_and_padding():
     assert dense.tolist() == [[0, 1, 2, 3], [4, 5, 0, 0]]
 
 
+def test_packed_microbatch_has_row_positions_and_no_padding():
+    # The rows of the padded test above, in order [0, 1]: row 0 → 1 2 3 10 (4), row 1 → 1 2 3 10 11 12 (6).
+    rows = batching.rows_from_groups([_group(0, 3, [2, 4])])
+    mb = batching.make_microbatch(rows, [0, 1], pad_id=0, device=torch.device("cpu"), packed=True)
+    assert mb.input_ids.tolist() == [[1, 2, 3, 10, 1, 2, 3, 10, 11, 12]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]] and mb.attention_mask is None
+    assert mb.row_bounds == (0, 4, 10)
+    # Row 0 starts at 0 → positions P-1+t = 2, 3; row 1 starts at 4 → 4+2 … 4+5 (padded: 1·6+2 … = 8 … 11).
+    assert mb.positions.tolist() == [2, 3, 6, 7, 8, 9]
+    assert mb.targets.tolist() == [10, 11, 10, 11, 12, 13]
+    assert mb.scatter(torch.arange(6.0)).tolist() == [[0, 1, 0, 0], [2, 3, 4, 5]]
+    assert mb.width == 4 and mb.num_tokens == (3 + 2) + (3 + 4)
+
+
 def test_global_step_batch_and_staleness():
     rows = batching.rows_from_groups([_group(0, 3, [2, 4], version=7), _group(1, 2, [3], version=6)])
     b = batching.global_step_batch(rows, torch.device("cpu"), step=4)
@@ -62,6 +76,19 @@ def test_plan_sorts_by_length_and_respects_limits():
     assert plan == [[1, 3], [2, 0], [4]]
     # Token cap: rows × longest ≤ 14 → [9] alone (2·9 > 14), then 7+5 (2·7 = 14), then 3+1.
     assert batching.plan_microbatches(rows, list(range(5)), max_rows=4, max_tokens=14) == [[1], [3, 2], [0, 4]]
+
+
+def test_packed_plan_cuts_by_tokens_first_fit():
+    rows = batching.rows_from_groups([_group(0, 1, [3, 9, 5, 7, 1])])  # seq lens 3, 9, 5, 7, 1 (rows 0..4)
+    plan = batching.plan_microbatches(rows, list(range(5)), max_rows=4, max_tokens=12, packed=True)
+    # Longest first, each into the first micro-batch with room: 9 → A; 7 → B (9+7 > 12); 5 → B (7+5 = 12);
+    # 3 → A (9+3 = 12); 1 → C (both full). Padded, rows × longest ≤ 12 gives [9] [7] [5, 3] [1].
+    assert plan == [[1, 0], [3, 2], [4]]
+    assert batching.plan_microbatches(rows, list(range(5)), max_rows=4, max_tokens=12) == [[1], [3], [2, 0], [4]]
+    # A budget of 6: 9 and 7 exceed it and get micro-batches of their own; 5 + 1 = 6 share one; 3 alone.
+    assert batching.plan_microbatches(rows, list(range(5)), 4, max_tokens=6, packed=True) == [[1], [3], [2, 4], [0]]
+    # The row cap still applies: 2 rows at most.
+    assert batching.plan_microbatches(rows, list(range(5)), 2, max_tokens=100, packed=True) == [[1, 3], [2, 0], [4]]
 
 
 def test_whole_group_plans_never_split_a_group():

@@ -1,4 +1,5 @@
-"""Checkpoints: HF directories that transformers and vLLM load, atomic writes, and exact resume."""
+"""Checkpoints: sharded exact-resume state, the commit marker, rotation, and HF exports that transformers
+and vLLM load."""
 
 import json
 import os
@@ -9,8 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from launch.driver import Driver
+from launch.ledger import PromptLedger
 from learner import checkpoint
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
@@ -23,26 +27,39 @@ def _hf_prompt_logprobs(model_dir, ids: list[int]) -> torch.Tensor:
         return torch.log_softmax(model(x).logits[0, :-1], -1).gather(-1, x[0, 1:, None])[:, 0]
 
 
+def _hf_weights(model_dir) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return {n: v.detach() for n, v in model.named_parameters()}
+
+
+def _save(learner: Learner, root: Path, step: int, extra: dict | None = None) -> Path:
+    """What the driver does: stage, let the learner write its part, commit."""
+    staged = checkpoint.stage(root / f"step_{step}")
+    learner.save(staged, extra)
+    return checkpoint.commit(staged, root / f"step_{step}")
+
+
 def test_resume_continues_the_same_trajectory(tiny_dir, tokenizer, tmp_path):
     """PRIME (policy + frozen reference + trainable PRM): save after 2 steps, then steps 3..5 of a
-    resumed learner equal those of the uninterrupted one — losses, PRM version and all weights."""
+    resumed learner equal those of the uninterrupted one — losses, PRM version and all weights. The
+    checkpoint's HF export holds the step-2 weights and the tokenizer."""
     cfg = make_cfg("prime", learner={"lr_schedule": "cosine", "warmup_steps": 2, "steps": 6},
                    prime={"prm_lr": 1e-3, "update": "double"})
     data = [make_groups(tokenizer, 2, 4, version=s, seed=s) for s in range(5)]
     a = Learner(cfg, 0, 1, tiny_dir)
     for s in range(2):
         a.step(data[s], version=s)
-    ckpt = a.save(tmp_path / "checkpoints" / "step_2", {"buffer_snapshot": "buf/000002.msgpack", "cursor": 17})
+    ckpt = _save(a, tmp_path / "checkpoints", 2, {"buffer_snapshot": "buf/000002.msgpack", "cursor": 17})
     saved = full_weights(a)
     tail_a = [a.step(data[s], version=s) for s in range(2, 5)]
     weights_a = full_weights(a)
 
-    # The directory is a plain HF model: transformers loads the weights saved at step 2.
-    hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-    for name, value in hf.named_parameters():
-        np.testing.assert_array_equal(value.detach().double().numpy(), saved[name], err_msg=name)
-    assert AutoTokenizer.from_pretrained(ckpt).get_vocab() == tokenizer.get_vocab()
-    assert (ckpt / "prime_prm" / "model.safetensors").is_file()
+    export = checkpoint.export_hf(ckpt, tmp_path / "hf" / "step_2")
+    assert sorted(p.name for p in export.glob("*.safetensors")) == ["model.safetensors"]
+    for name, value in _hf_weights(export).items():
+        np.testing.assert_array_equal(value.double().numpy(), saved[name], err_msg=name)
+    assert AutoTokenizer.from_pretrained(export).get_vocab() == tokenizer.get_vocab()
+    assert list((ckpt / "prime_prm" / "shards").glob("shard-*.safetensors"))
     assert checkpoint.latest_checkpoint(tmp_path / "checkpoints") == ckpt
 
     b = Learner(cfg, 0, 1, tiny_dir)
@@ -65,11 +82,16 @@ def test_resume_continues_the_same_trajectory(tiny_dir, tokenizer, tmp_path):
 
 def test_crash_mid_save_leaves_previous_checkpoint(tiny_dir, tokenizer, tmp_path, monkeypatch):
     learner = Learner(make_cfg("grpo"), 0, 1, tiny_dir)
+    initial = full_weights(learner)
+    root = tmp_path / "checkpoints"
+    zero = _save(learner, root, 0)
+    # no optimiser state before the first step, and saving made none (torch's state-dict API would
+    # have run a zero-gradient step, leaving AdamW's step counter at 1)
+    assert not learner.opt.state
     groups = make_groups(tokenizer, 1, 4)
     learner.step(groups, 0)
-    root = tmp_path / "checkpoints"
-    first = learner.save(root / "step_1", {"cursor": 1})
-    before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    first = _save(learner, root, 1, {"cursor": 1})
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
     learner.step(groups, 1)
 
     def boom(*a, **k):
@@ -77,19 +99,132 @@ def test_crash_mid_save_leaves_previous_checkpoint(tiny_dir, tokenizer, tmp_path
 
     monkeypatch.setattr(checkpoint, "save_rng", boom)
     with pytest.raises(OSError, match="disk full"):
-        learner.save(root / "step_2", {"cursor": 2})
+        _save(learner, root, 2, {"cursor": 2})
     with pytest.raises(OSError, match="disk full"):
-        learner.save(root / "step_1", {"cursor": 2})  # overwriting an existing checkpoint fails too...
-    assert sorted(p.name for p in root.iterdir()) == ["step_1"]  # no partial step_2, temp dirs removed
+        _save(learner, root, 1, {"cursor": 2})  # re-saving an existing step fails too...
     assert checkpoint.latest_checkpoint(root) == first  # ...and the old one is untouched
-    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
     monkeypatch.undo()
-    assert Learner(make_cfg("grpo"), 0, 1, tiny_dir).load(first) == {"cursor": 1}
-    (root / ".step_3.tmp").mkdir()  # what a killed process leaves behind
+    with pytest.raises(FileExistsError, match="not empty"):
+        learner.save(first)
+    learner.save(root / "step_3")  # the learner's part only, never committed: not a checkpoint
     assert checkpoint.latest_checkpoint(root) == first
-    learner.save(root / "step_2", {"cursor": 2})  # a later save sweeps leftovers up
+    assert Learner(make_cfg("grpo"), 0, 1, tiny_dir).load(first) == {"cursor": 1}
+    _save(learner, root, 2, {"cursor": 2})
+    assert checkpoint.rotate(root, keep=0) == []  # sweeps what the crashes left (.step_<N>.tmp)
+    assert sorted(p.name for p in root.iterdir()) == ["step_0", "step_1", "step_2", "step_3"]
     assert checkpoint.latest_checkpoint(root) == root / "step_2"
-    assert sorted(p.name for p in root.iterdir()) == ["step_1", "step_2"]
+    assert learner.opt.state
+    learner.load(zero)  # back to the start: weights, and no optimiser state
+    assert not learner.opt.state and learner.step_count == 0
+    for k, v in full_weights(learner).items():
+        np.testing.assert_array_equal(v, initial[k], err_msg=k)
+
+
+class _Graph:
+    """The learner side of the process graph; `crash` kills the driver right after the learner's save."""
+
+    def __init__(self, learner: Learner):
+        self.learner, self.crash = learner, False
+
+    def save(self, path: Path, extra_state: dict) -> None:
+        self.learner.save(path, extra_state)
+        if self.crash:
+            raise SystemExit("driver killed after the learner's save")
+
+    def load(self, path: Path) -> dict:
+        return self.learner.load(path)
+
+
+class _Buffer:
+    restored = None
+
+    def snapshot(self, path: str) -> None:
+        Path(path).write_bytes(b"buffer snapshot")
+
+    def restore(self, path: str) -> None:
+        self.restored = Path(path).read_bytes()
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def stats(self) -> dict:
+        return {}
+
+
+def _driver(run_dir: Path, learner: Learner, keep: int) -> Driver:
+    d = Driver.__new__(Driver)  # the checkpoint path only: no buffer service, no actors
+    d.cfg, d.run_dir = make_cfg("grpo", learner={"keep_checkpoints": keep}), run_dir
+    d.graph, d.client, d.ledger = _Graph(learner), _Buffer(), PromptLedger()
+    d.version = d.step = 0
+    d.resumed_from = ()
+    d.progress = type("Progress", (), {"message": staticmethod(lambda text: None)})()
+    return d
+
+
+def test_driver_commits_after_the_buffer_snapshot_and_rotates(tiny_dir, tmp_path):
+    """A checkpoint counts once everything is in it: a driver killed after the learner's save (before the
+    buffer snapshot) leaves none — the old order (learner_state.json, then the snapshot moved in) left
+    one without its buffer. Rotation keeps the newest `keep_checkpoints` plus the one resumed from."""
+    d = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        d.step = d.version = step
+        d.checkpoint(export=step == 3)
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]
+    last = checkpoint.latest_checkpoint(root)
+    assert last == root / "step_3" and (last / "buffer.msgpack").read_bytes() == b"buffer snapshot"
+    assert json.loads((last / "extra_state.json").read_text())["step"] == 3
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["step_3"]  # only where asked
+    assert (tmp_path / "hf" / "step_3" / "config.json").is_file()
+
+    d.step = 4
+    d.graph.crash = True
+    with pytest.raises(SystemExit):
+        d.checkpoint()
+    assert checkpoint.latest_checkpoint(root) == last
+    d.graph.crash = False
+    d.resumed_from = (root / "step_2",)
+    d.step = 5
+    d.checkpoint()  # keeps step_3 and step_5 (the newest 2) and step_2 (resumed from); sweeps .step_4.tmp
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3", "step_5"]
+
+    resumed = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
+    assert resumed.restore(tmp_path) == []  # no prompt trained or buffered in this fake run
+    assert (resumed.step, resumed.resumed_from, resumed.client.restored) == (5, (root / "step_5",), b"buffer snapshot")
+
+
+def test_rotation_and_latest_count_committed_steps_by_number(tmp_path):
+    for name in ("step_1", "step_2", "step_3", "step_10", "step_9", ".step_4.tmp"):
+        (tmp_path / name).mkdir()
+        if name in ("step_1", "step_2", "step_3", "step_10"):
+            (tmp_path / name / checkpoint.COMMITTED).write_text(name)
+    # step_9 has no marker: not a checkpoint; step_10 > step_3 numerically (not as strings)
+    assert checkpoint.latest_checkpoint(tmp_path) == tmp_path / "step_10"
+    assert checkpoint.rotate(tmp_path, keep=0) == []
+    # committed 1, 2, 3, 10: the newest 2 are 3 and 10, step_1 is protected → only step_2 goes
+    assert checkpoint.rotate(tmp_path, keep=2, protect=(tmp_path / "step_1",)) == [tmp_path / "step_2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_10", "step_3", "step_9"]
+    assert checkpoint.rotate(tmp_path, keep=1) == [tmp_path / "step_1", tmp_path / "step_3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_9"]
+
+
+def test_export_in_the_serving_dtype_split_into_files(tiny_dir, tokenizer, tmp_path, monkeypatch):
+    """bf16 export, capped at 64 KiB per file: several model-<i>-of-<n>.safetensors of bf16 tensors and an
+    index, which transformers loads into the bf16-rounded checkpoint weights."""
+    learner = Learner(make_cfg("grpo"), 0, 1, tiny_dir)
+    learner.step(make_groups(tokenizer, 1, 4), 0)
+    ckpt = _save(learner, tmp_path / "checkpoints", 1)
+    monkeypatch.setattr(checkpoint, "EXPORT_SHARD_BYTES", 64 << 10)
+    out = checkpoint.export_hf(ckpt, tmp_path / "hf", dtype=torch.bfloat16)
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(files) > 1 and sorted(set(index["weight_map"].values())) == files
+    saved = full_weights(learner)
+    assert sorted(index["weight_map"]) == sorted(saved)  # tied lm_head stored once, as embed_tokens
+    assert {t.dtype for f in files for t in load_file(str(out / f)).values()} == {torch.bfloat16}
+    for name, value in _hf_weights(out).items():  # loaded in config.json's dtype (the run's, float32 here)
+        assert torch.equal(value, torch.from_numpy(saved[name]).to(torch.bfloat16).to(value.dtype)), name
 
 
 def test_loading_another_algorithms_checkpoint_is_an_error(tiny_dir, tokenizer, tmp_path):
@@ -102,16 +237,16 @@ def test_loading_another_algorithms_checkpoint_is_an_error(tiny_dir, tokenizer, 
 
 
 @pytest.mark.slow
-def test_vllm_serves_the_checkpoint(tiny_dir, tokenizer, tmp_path):
+def test_vllm_serves_the_export(tiny_dir, tokenizer, tmp_path):
     pytest.importorskip("vllm")
     cfg = make_cfg("sft", learner={"lr": 3e-2})  # a big step, so trained and initial weights differ
     learner = Learner(cfg, 0, 1, tiny_dir)
     learner.step(make_groups(tokenizer, 2, 4), 0)
-    ckpt = learner.save(tmp_path / "step_1")
+    export = checkpoint.export_hf(_save(learner, tmp_path / "checkpoints", 1), tmp_path / "hf" / "step_1")
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12+7?"}], tokenize=False,
                                            add_generation_prompt=True)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_load_probe.py")), str(ckpt), prompt],
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_load_probe.py")), str(export), prompt],
                           capture_output=True, text=True, timeout=240, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE_RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
@@ -119,5 +254,5 @@ def test_vllm_serves_the_checkpoint(tiny_dir, tokenizer, tmp_path):
     ids = result["prompt_token_ids"]
     assert ids == tokenizer(prompt, add_special_tokens=False)["input_ids"] and len(result["generated"]) >= 1
     vllm_lp = torch.tensor(result["prompt_logprobs"][1:])
-    torch.testing.assert_close(vllm_lp, _hf_prompt_logprobs(ckpt, ids), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(vllm_lp, _hf_prompt_logprobs(export, ids), atol=1e-3, rtol=1e-3)
     assert (vllm_lp - _hf_prompt_logprobs(tiny_dir, ids)).abs().max() > 1e-2  # the trained weights were served

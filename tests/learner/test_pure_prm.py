@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForTokenClassification
 
 from learner.learner import Learner
-from learner.pure_prm import HFTokenClassificationPRM, RuleStepChecker, score_response, token_texts
+from learner.pure_prm import HFTokenClassificationPRM, RuleStepChecker, make_prm, score_response, token_texts
 from tests.learner.helpers import make_cfg, make_groups
 
 SOLUTION = "2+7+0=9, 9\n\n1+0+0=1, 19\n\n\\boxed{19}"  # Problem(12, "+", 7).solution
@@ -100,3 +100,49 @@ def test_pure_step_with_the_hf_prm(tiny_dir, tokenizer, hf_prm_dir):
               for s in score_response(prm, tokenizer, g.prompt_tokens, smp.tokens)[1]]
     assert m["pure/step_score_mean"] == pytest.approx(float(np.mean(scores)), abs=1e-6)
     assert m["pure/min_step_score"] < m["pure/step_score_mean"]
+
+
+def test_hf_prm_scores_many_rows_per_forward(hf_prm_dir):
+    """5 responses of different lengths (one without steps), 3 rows per forward: 2 forwards in all
+    (ceil(4 scored rows / 3)); every row's scores equal its own single-row forward within 1e-5 (fp32;
+    only the padded kernel shapes differ), so the length sort is undone and tags are read per row."""
+    prm = HFTokenClassificationPRM(hf_prm_dir, batch_rows=3)
+    items = [("What is 1+1?", "1+1=2\n\n\\boxed{2}", [(0, 7), (7, 16)]),
+             ("ab", "x", [(0, 1)]),
+             ("ab", "", []),
+             ("What is 12+7?", SOLUTION, [(0, 12), (12, 25), (25, 35)]),
+             ("q", "yz\n\nw", [(0, 4), (4, 5)])]
+    calls = []
+    forward = prm.model.forward
+    prm.model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or forward(*a, **k)
+    batched = prm.score_batch(items)
+    assert len(calls) == 2 and calls[0][0] == 3 and calls[1][0] == 1
+    del prm.model.forward
+    assert batched[2] == [] and [len(b) for b in batched] == [2, 1, 0, 3, 2]
+    for got, item in zip(batched, items):
+        np.testing.assert_allclose(got, prm.score_batch([item])[0], atol=1e-5, rtol=0)
+
+
+def test_pure_prm_runs_in_the_compute_dtype(hf_prm_dir):
+    """make_prm loads the HF PRM in the dtype it is given (the learner passes model.dtype resolved:
+    bfloat16 on a GPU); bf16 scores stay within bf16 rounding (2e-2) of the fp32 ones."""
+    cfg = make_cfg("pure", pure={"prm": "hf", "prm_path": str(hf_prm_dir)})
+    prm16 = make_prm(cfg, torch.device("cpu"), torch.bfloat16)
+    assert prm16.model.dtype == torch.bfloat16 and prm16.batch_rows == cfg.learner.micro_batch_samples
+    item = ("What is 12+7?", SOLUTION, [(0, 12), (12, 25), (25, 35)])
+    np.testing.assert_allclose(prm16.score_steps(*item), make_prm(cfg, torch.device("cpu")).score_steps(*item),
+                               atol=2e-2, rtol=0)
+
+
+def test_a_step_scorer_function_is_a_prm(tmp_path):
+    """pure.prm=path/to/file.py:function: called with (prompt, response, step spans), one score per step."""
+    plugin = tmp_path / "steps.py"
+    plugin.write_text("def score(prompt, response, spans):\n"
+                      "    return [None if response[a:b].strip() == 'skip' else len(prompt) + a for a, b in spans]\n"
+                      "def three(prompt, response, spans):\n    return [1.0, 1.0, 1.0]\n")
+    prm = make_prm(make_cfg("pure", pure={"prm": f"{plugin}:score"}), torch.device("cpu"))
+    # prompt "ab" (2 chars); steps "x" at 0, "skip" at 2, "yz" at 7 -> 2 + 0, None, 2 + 7
+    assert prm.score_steps("ab", "x\nskip\nyz", [(0, 1), (2, 6), (7, 9)]) == [2.0, None, 9.0]
+    bad = make_prm(make_cfg("pure", pure={"prm": f"{plugin}:three"}), torch.device("cpu"))
+    with pytest.raises(ValueError, match="returned 3 scores for 2 steps"):
+        bad.score_steps("ab", "x\nskip\nyz", [(0, 1), (2, 6)])

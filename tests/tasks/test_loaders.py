@@ -89,39 +89,39 @@ def test_plain_forms_are_accepted(tmp_path):
 @pytest.mark.parametrize(
     "bad_row, message",
     [
-        ({"reward_model": {"ground_truth": "2"}}, "row 3: field 'prompt' (column 'prompt'): missing"),
-        ({"prompt": "   ", "answer": "2"}, "row 3: field 'prompt' (column 'prompt'): empty prompt"),
+        ({"reward_model": {"ground_truth": "2"}}, "line 3: field 'prompt' (column 'prompt'): missing"),
+        ({"prompt": "   ", "answer": "2"}, "line 3: field 'prompt' (column 'prompt'): empty prompt"),
         (
             {"prompt": 7, "answer": "2"},
-            "row 3: field 'prompt' (column 'prompt'): expected a non-empty string",
+            "line 3: field 'prompt' (column 'prompt'): expected a non-empty string",
         ),
-        ({"prompt": [{"role": "user"}], "answer": "2"}, "row 3: field 'prompt' (column 'prompt'): message 0"),
+        ({"prompt": [{"role": "user"}], "answer": "2"}, "line 3: field 'prompt' (column 'prompt'): message 0"),
         (
             {"prompt": "Q"},
-            "row 3: field 'ground_truth' (column 'reward_model.ground_truth or answer'): missing",
+            "line 3: field 'ground_truth' (column 'reward_model.ground_truth or answer'): missing",
         ),
-        ({"prompt": "Q", "reward_model": {"ground_truth": ["2"]}}, "row 3: field 'ground_truth'"),
+        ({"prompt": "Q", "reward_model": {"ground_truth": ["2"]}}, "line 3: field 'ground_truth'"),
         (
             {"prompt": "Q", "answer": "2", "target": [{"role": "user", "content": "A"}]},
-            "row 3: field 'target'",
+            "line 3: field 'target'",
         ),
         (
             {"prompt": "Q", "answer": "2", "target": ""},
-            "row 3: field 'target' (column 'target'): expected a non-empty",
+            "line 3: field 'target' (column 'target'): expected a non-empty",
         ),
         (
             {"prompt": "Q", "answer": "2", "data_source": 5},
-            "row 3: field 'data_source' (column 'data_source')",
+            "line 3: field 'data_source' (column 'data_source')",
         ),
         (
             {"prompt": "Q", "answer": "2", "extra_info": "x"},
-            "row 3: field 'extra_info' (column 'extra_info')",
+            "line 3: field 'extra_info' (column 'extra_info')",
         ),
-        ('{"prompt": "Q", ', "row 3: invalid JSON"),
-        ("[1, 2]", "row 3: expected a JSON object, got list"),
+        ('{"prompt": "Q", ', "line 3: invalid JSON"),
+        ("[1, 2]", "line 3: expected a JSON object, got list"),
     ],
 )
-def test_bad_row_names_file_row_and_field(tmp_path, bad_row, message):
+def test_bad_row_names_file_line_and_field(tmp_path, bad_row, message):
     path = _write_jsonl(tmp_path / "data.jsonl", [GOOD, GOOD, bad_row, GOOD])
     with pytest.raises(DataError) as err:
         load_records(path)
@@ -131,7 +131,7 @@ def test_bad_row_names_file_row_and_field(tmp_path, bad_row, message):
 def test_missing_target_only_when_required(tmp_path):
     path = _write_jsonl(tmp_path / "data.jsonl", [GOOD])
     assert load_records(path)[0].target is None
-    with pytest.raises(DataError, match=r"row 1: field 'target' \(column 'target'\): missing"):
+    with pytest.raises(DataError, match=r"line 1: field 'target' \(column 'target'\): missing"):
         load_records(path, require_target=True)
 
 

@@ -8,8 +8,10 @@ JSON lines on stdout prefixed with ``@@WS `` (vLLM logs to the same stream). Com
         first streamed chunk, later {"event": "generated", "n_tokens", "finish_reason", "chunks",
         "pause", "version"}
   {"cmd": "rejoin", "host": h, "port": p}         -> {"event": "rejoined", "rank": r} (new sender)
+  {"cmd": "weights", "path": f}                   -> {"event": "weights"} once the worker saved its weights
+        to f (``tests.weightsync.weight_probe``)
   {"cmd": "quit"}
-Run: ``python -m tests.weightsync.actor_harness --host H --port P --name N --model DIR``.
+Run: ``python -m tests.weightsync.actor_harness --host H --port P --name N --model DIR [--dtype D]``.
 """
 
 from __future__ import annotations
@@ -64,11 +66,12 @@ async def main(args: argparse.Namespace) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from tests.weightsync.weight_probe import PROBE
     from weightsync.receiver import WeightReceiver, engine_args_kwargs
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=args.model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
-        **engine_args_kwargs()))
+        model=args.model, dtype=args.dtype, max_model_len=512, enforce_eager=True, seed=0,
+        worker_extension_cls=PROBE, **engine_args_kwargs()))
     token = (await asyncio.to_thread(sys.stdin.readline)).strip()
     rx = WeightReceiver(engine, args.host, args.port, token=token, name=args.name, initial_version=0)
     rank = await rx.init()
@@ -92,6 +95,9 @@ async def main(args: argparse.Namespace) -> None:
             stop = asyncio.Event()
             sync_task = asyncio.create_task(rx.run(stop))
             emit({"event": "rejoined", "rank": rank})
+        elif cmd["cmd"] == "weights":
+            await engine.collective_rpc("save_weights", args=(cmd["path"],))
+            emit({"event": "weights"})
         elif cmd["cmd"] == "generate":
             t = asyncio.create_task(generate(engine, rx, cmd["ids"], cmd["max_tokens"]))
             tasks.add(t)
@@ -106,4 +112,5 @@ if __name__ == "__main__":
     for a in ("--host", "--name", "--model"):
         ap.add_argument(a, required=True)
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--dtype", default="float32", help="the engine's serving dtype")
     asyncio.run(main(ap.parse_args()))

@@ -1,9 +1,20 @@
-"""Bucket packing round trip: names, shapes, dtypes and values survive; buckets respect the size cap."""
+"""Bucket packing round trip (dense tensors and delta patches): names, shapes, dtypes and values survive;
+buckets respect the size cap."""
 
 import pytest
 import torch
 
-from weightsync.packing import Bucket, BucketHeader, pack_buckets, unpack_bucket
+from weightsync.packing import (
+    Bucket,
+    BucketHeader,
+    pack_buckets,
+    pack_patch_buckets,
+    patch_nbytes,
+    unpack_bucket,
+    unpack_patch_bucket,
+)
+from weightsync.plane import Patch
+from weightsync.sender import wire_tensor
 
 
 def _named(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -56,13 +67,71 @@ def test_large_cap_packs_one_bucket_per_dtype():
     assert sorted(dtypes) == sorted({"float32", "bfloat16", "int64", "bool"})
 
 
-def test_cast_dtype_only_touches_floats():
-    buckets = list(pack_buckets(_named(), 1 << 20, cast_dtype=torch.bfloat16))
+def test_wire_cast_only_touches_floats():
+    buckets = list(pack_buckets([(n, wire_tensor(t, torch.bfloat16)) for n, t in _named()], 1 << 20))
     got = _roundtrip(buckets)
     assert got["model.embed_tokens.weight"].dtype == torch.bfloat16
     assert got["ids"].dtype == torch.int64 and got["mask"].dtype == torch.bool
     ref = dict(_named())["model.embed_tokens.weight"].to(torch.bfloat16)
     assert torch.equal(got["model.embed_tokens.weight"], ref)
+
+
+def _patches() -> list[Patch]:
+    bf = torch.bfloat16
+    return [Patch("a", torch.tensor([0, 5], dtype=torch.int32), torch.tensor([1.5, -2.0], dtype=bf), (2, 3)),
+            Patch("b", torch.tensor([3], dtype=torch.int32), torch.tensor([7.25]), (4,)),
+            Patch("c", torch.tensor([1], dtype=torch.int32), torch.tensor([0.5], dtype=bf), (3,))]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 1 << 20])
+def test_patch_buckets_roundtrip(bucket_bytes):
+    buckets = list(pack_patch_buckets(_patches(), bucket_bytes, version=4, seq=3))
+    got = {}
+    for b in buckets:
+        hdr = BucketHeader.decode(b.header.encode())
+        for name, shape, idx, values in unpack_patch_bucket(hdr, b.payload.clone()):
+            got[name] = (tuple(shape), idx.tolist(), values.dtype, values.tolist())
+    assert got == {"a": ((2, 3), [0, 5], torch.bfloat16, [1.5, -2.0]), "b": ((4,), [3], torch.float32, [7.25]),
+                   "c": ((3,), [1], torch.bfloat16, [0.5])}
+    assert [b.header.last for b in buckets] == [False] * (len(buckets) - 1) + [True]
+    assert all((b.header.version, b.header.seq) == (4, 3) for b in buckets)
+    if bucket_bytes > 1:
+        # one bucket per value dtype; bf16 ("a" and "c", one 65536-element block each): 2 block counts x
+        # 4 B = 8 B, 3 uint16 offsets = 6 B padded to 8, 3 values x 2 B = 6 B -> 22 B;
+        # fp32 ("b"): 1 block count 4 B -> 8, 1 offset 2 B -> 8, 1 value 4 B -> 20 B
+        assert {b.header.dtype: b.header.nbytes for b in buckets} == {"bfloat16": 22, "float32": 20}
+        assert patch_nbytes(3, 2, 2) == 22 and patch_nbytes(1, 4, 1) == 20
+    else:
+        assert len(buckets) == 3  # every patch alone: 4 B or 6 B per element > 1 B cap
+
+
+def test_patch_indices_travel_as_block_offsets():
+    # 200000 elements = 4 blocks of 65536 (the last one partial); indices in blocks 0, 0, 1, 2, 3
+    idx = torch.tensor([1, 65535, 65536, 131073, 199999], dtype=torch.int32)
+    patch = Patch("w", idx, torch.arange(5, dtype=torch.bfloat16), (400, 500))
+    (b,) = pack_patch_buckets([patch], 1 << 20)
+    counts = b.payload[:16].view(torch.int32).tolist()
+    offsets = (b.payload[16:26].view(torch.int16).long() & 0xFFFF).tolist()
+    assert counts == [2, 1, 1, 1]
+    assert offsets == [1, 65535, 0, 1, 199999 - 3 * 65536]  # = 3391
+    assert b.header.nbytes == 16 + 16 + 10  # 4 counts x 4 B; 5 offsets x 2 B -> 16; 5 bf16 values
+    ((_, _, got, values),) = unpack_patch_bucket(BucketHeader.decode(b.header.encode()), b.payload)
+    assert got.tolist() == idx.tolist() and got.dtype == torch.int32 and values.tolist() == [0, 1, 2, 3, 4]
+    b.payload[:4].view(torch.int32)[0] = 3  # block counts no longer add up to the entry's count
+    with pytest.raises(ValueError, match="block counts of 'w' do not add up to 5"):
+        unpack_patch_bucket(b.header, b.payload)
+
+
+def test_patch_and_dense_buckets_are_not_confused():
+    patch = next(pack_patch_buckets(_patches(), 1 << 20))
+    with pytest.raises(ValueError, match="expected a dense bucket"):
+        unpack_bucket(patch.header, patch.payload)
+    dense = next(pack_buckets(_named(), 1 << 20))
+    with pytest.raises(ValueError, match="expected a patch bucket"):
+        unpack_patch_bucket(dense.header, dense.payload)
+    patch.header.counts[0] += 1  # claims more elements than the payload holds
+    with pytest.raises(ValueError, match="need"):
+        BucketHeader.decode(patch.header.encode())
 
 
 def test_empty_input_yields_one_last_bucket():

@@ -1,10 +1,11 @@
 """WeightSender against real plain-gloo receiver processes (no vLLM, so these run in seconds):
-values arrive intact and acknowledged, and a receiver that dies or freezes mid-push makes the sender
+values arrive intact and acknowledged (also when sent from a background thread), and a receiver that dies or freezes mid-push makes the sender
 raise within its deadline, naming that receiver."""
 
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -39,12 +40,16 @@ def _connect(sender: WeightSender, procs: list, names: list[str], **kw) -> None:
 def test_push_reaches_every_receiver_and_is_acknowledged(procs):
     sender = WeightSender(2, bucket_mb=0.5, timeout_s=30, connect_timeout_s=120, token=TOKEN)
     _connect(sender, procs, ["rx-a", "rx-b"], pushes=2, checksum=True)
-    for version in (3, 4):
+    with ThreadPoolExecutor(1) as background:  # the learner's pattern: send in the background, prepare the next
+        first = background.submit(sender.send, sender.prepare(iter(_weights(3)), version=3))
+        second = sender.prepare(iter(_weights(4)), version=4)
+        sent = [first.result(), background.submit(sender.send, second).result()]
+    for version, stats in zip((3, 4), sent):
         named = _weights(version)
         expected = sum(float(t.double().sum()) for _, t in named)
-        stats = sender.push(iter(named), version=version)
         assert stats["acks"] == {"rx-a": str(version), "rx-b": str(version)}
         assert stats["bytes"] == sum(t.numel() * t.element_size() for _, t in named)
+        assert (stats["mode"], stats["changed_frac"], stats["backend"]) == ("full", 1.0, "gloo")
         assert stats["buckets"] > 2  # 0.5 MB cap over ~6 MB
         for name in ("rx-a", "rx-b"):
             assert stats["ack_info"][name]["checksum"] == pytest.approx(expected, rel=1e-9)

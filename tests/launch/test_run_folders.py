@@ -1,0 +1,200 @@
+"""Run folders and resume (launch.rundir, launch.cli): an existing run is never mixed with a new one,
+`--resume DIR` alone continues with DIR's config, changes are applied and recorded or refused by name,
+and a finished run says so at once. No Ray, no vLLM: the run folders are made by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from configs.loading import ConfigError, dump_annotated, resolve, resolve_saved
+from launch.cli import main, parse
+from launch.rundir import check_new_run_dir, checkpoint_step, clear_run_dir
+from launch.storage import absolutize
+
+
+def make_run(run: Path, step: int | None, steps: int = 10, sets: tuple[str, ...] = ()) -> None:
+    """A run folder as a run leaves it: its config.yaml (steps `steps`) and a committed checkpoint at `step`."""
+    cfg = absolutize(resolve("grpo", flags={"learner.steps": steps, "logging.output_dir": str(run)},
+                             overrides=list(sets)), run.parent)
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_annotated(cfg) + "\n")
+    (run / "metrics.jsonl").write_text("")
+    if step is not None:
+        (run / "checkpoints" / f"step_{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"step_{step}" / "COMMITTED").write_text(f"step_{step}\n")
+    (run / "checkpoints" / ".step_99.tmp").mkdir(parents=True)  # a crashed save: never counted
+
+
+def test_checkpoint_step_counts_committed_checkpoints_only(tmp_path):
+    make_run(tmp_path / "r", 5)
+    (tmp_path / "r" / "checkpoints" / "step_8").mkdir()  # no COMMITTED marker: incomplete
+    assert checkpoint_step(tmp_path / "r") == 5
+    assert checkpoint_step(tmp_path / "missing") is None
+
+
+def test_an_existing_run_folder_is_refused_without_resume_or_force(tmp_path, capsys):
+    run = tmp_path / "r"
+    make_run(run, 5)
+    assert main(["--algo", "grpo", "--output", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {run}: already holds a run (checkpoint at step 5) — continue it with --resume {run}, start " \
+           "it over with --force" in err
+    check_new_run_dir(run, force=True)  # allowed; the contents go only when the run really starts
+    clear_run_dir(run)
+    assert run.is_dir() and not any(run.iterdir())
+    check_new_run_dir(run, force=False)  # an empty folder is fine
+
+
+def test_force_never_deletes_a_folder_that_is_not_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty and holds no run — choose a new or empty folder"):
+        check_new_run_dir(tmp_path, force=True)
+    clear_run_dir(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_resume_alone_continues_with_the_runs_own_config(tmp_path):
+    run = tmp_path / "r"
+    make_run(run, 4, steps=10, sets=("learner.lr=3e-5",))
+    args, cfg, plan = parse(["--resume", str(run)])
+    assert cfg.algo == "grpo" and cfg.learner.lr == 3e-5 and cfg.learner.steps == 10  # not grpo.yaml's 1e-4, 350
+    assert cfg.resume == str(run) and plan.step == 4 and plan.changes == {} and not plan.finished
+    assert [r.model_dump() for r in cfg.resumed] == [{"step": 4, "changes": {}}]
+    assert cfg.learner.lr_horizon_steps is None  # steps unchanged: the schedule is untouched
+
+
+def test_safe_changes_apply_and_are_recorded_with_their_step(tmp_path):
+    run = tmp_path / "r"
+    make_run(run, 4, steps=10, sets=("learner.lr_schedule=constant",))
+    _, cfg, plan = parse(["--resume", str(run), "--max-staleness", "3", "--steps", "20",
+                          "--set", "learner.eval_every=5", "--set", "logging.samples_every=1"])
+    assert plan.changes == {"buffer.max_staleness": [1, 3], "learner.steps": [10, 20],
+                            "learner.lr_horizon_steps": [None, 10],  # pinned to the run's old steps
+                            "learner.eval_every": [25, 5], "logging.samples_every": [10, 1]}
+    assert cfg.buffer.max_staleness == 3 and cfg.learner.steps == 20
+    # written to config.yaml, the record reads back; a second resume appends to it
+    (run / "config.yaml").write_text(dump_annotated(cfg) + "\n")
+    saved = resolve_saved(run / "config.yaml")
+    assert saved.resumed[-1].step == 4 and saved.resumed[-1].changes["buffer.max_staleness"] == [1, 3]
+    (run / "checkpoints" / "step_12").mkdir()
+    (run / "checkpoints" / "step_12" / "COMMITTED").write_text("step_12\n")
+    _, again, _ = parse(["--resume", str(run)])
+    assert [r.step for r in again.resumed] == [4, 12] and again.learner.steps == 20
+
+
+def test_unsafe_changes_are_refused_by_name(tmp_path, capsys):
+    run = tmp_path / "r"
+    make_run(run, 4)
+    assert main(["--resume", str(run), "--set", "learner.lr=1e-3", "--set", "rollout.n=4",
+                 "--max-staleness", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "a resume cannot change rollout.n (run: 8, asked: 4); learner.lr (run: 0.0001, asked: 0.001) — it " \
+           "would train a different run" in err
+    assert "buffer.max_staleness (" not in err  # that one may change
+    with pytest.raises(ConfigError, match="--algo: the run in .* is grpo, not pure"):
+        parse(["--resume", str(run), "--algo", "pure"])
+    with pytest.raises(ConfigError, match="--output .*: a resumed run writes into its own folder"):
+        parse(["--resume", str(run), "--output", str(tmp_path / "elsewhere")])
+    assert parse(["--resume", str(run), "--output", str(run), "--algo", "grpo"])[1].resume == str(run)
+    with pytest.raises(ConfigError, match="--config: a resumed run continues with"):
+        parse(["--resume", str(run), "--config", str(run / "config.yaml")])
+    with pytest.raises(ConfigError, match="--force starts .* over and --resume continues it"):
+        parse(["--resume", str(run), "--force"])
+
+
+def test_extending_a_decaying_schedule_needs_the_horizon_raised(tmp_path):
+    run = tmp_path / "r"
+    make_run(run, 10, steps=10)  # grpo.yaml: cosine to lr 0 at the run's end
+    with pytest.raises(ConfigError, match="learner.lr_horizon_steps: the cosine LR schedule reaches lr 0 at step 10, "
+                                          "so steps 11–30 of learner.steps=30 would train at lr 0"):
+        parse(["--resume", str(run), "--steps", "30"])
+    _, cfg, plan = parse(["--resume", str(run), "--steps", "30", "--set", "learner.lr_horizon_steps=30"])
+    assert cfg.learner.lr_horizon_steps == 30 and plan.changes["learner.lr_horizon_steps"] == [None, 30]
+
+
+def test_the_lr_jump_of_a_stretched_schedule_is_announced(tmp_path):
+    from launch.train import resume_lines
+
+    run = tmp_path / "r"
+    make_run(run, 10, steps=10, sets=("learner.warmup_steps=0",))
+    _, _, plan = parse(["--resume", str(run), "--steps", "20", "--set", "learner.lr_horizon_steps=20"])
+    lines = resume_lines(plan, run)
+    assert lines[0] == (f"[resume] {run} from step 10 to step 20: learner.steps 10 -> 20, "
+                        "learner.lr_horizon_steps null -> 20")
+    # lr at optimiser step 10: old horizon 10 → p = 1, lr 0; new horizon 20 → p = 0.5,
+    # 1e-4 · ½(1 + cos π/2) = 5e-5
+    assert lines[1].endswith("lr at the next optimiser step 0 -> 5e-05")
+
+
+def test_a_finished_run_says_so_without_starting_anything(tmp_path):
+    run = tmp_path / "r"
+    make_run(run, 10, steps=10)
+    (run / "summary.json").write_text(json.dumps({"final_eval_accuracy": 0.61, "best_eval_accuracy": 0.63,
+                                                  "best_eval_step": 5}))
+    exe = Path(sys.executable).with_name("algo-train")
+    t0 = time.monotonic()
+    proc = subprocess.run([str(exe), "--resume", str(run)], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert f"[done] {run} is finished: step 10 of 10; final eval accuracy 0.610, best 0.630 at step 5" in proc.stdout
+    assert f"To train longer: algo-train --resume {run} --steps N (N > 10)" in proc.stdout
+    print(f"finished-run answer: {took:.2f} s")  # the fast path imports neither torch nor Ray
+    # the same answer through the full planning (e.g. with --dry-run skipped: steps equal to the saved ones)
+    assert parse(["--resume", str(run), "--steps", "10"])[2].finished
+    with pytest.raises(ConfigError, match="learner.steps: the run in .* is at step 10 already — pass --steps larger"):
+        parse(["--resume", str(run), "--steps", "8"])
+
+
+def test_the_fast_path_imports_no_training_stack(tmp_path):
+    run = tmp_path / "r"
+    make_run(run, 10, steps=10)
+    code = ("import sys; from launch.cli import main; main(['--resume', sys.argv[1]]); "
+            "print(sorted(m for m in ('torch', 'ray', 'vllm', 'algos', 'pydantic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[2]).stdout
+    assert out.strip().splitlines()[-1] == "['pydantic']"  # the config loader's schema, nothing heavier
+
+
+def test_resume_needs_a_checkpoint_and_a_run_folder(tmp_path):
+    make_run(tmp_path / "r", None)
+    with pytest.raises(ConfigError, match="no complete checkpoint under .* start it over: --output .* --force"):
+        parse(["--resume", str(tmp_path / "r")])
+    with pytest.raises(ConfigError, match="not a run folder"):
+        parse(["--resume", str(tmp_path)])
+
+
+def test_after_a_stop_the_exact_resume_command_is_printed(tmp_path):
+    from launch.train import after_run
+
+    make_run(tmp_path / "r", 6)
+    run = tmp_path / "r"
+    assert after_run(130, run) == f"[stop] the run stopped; continue from step 6: algo-train --resume {run}"
+    assert after_run(1, run) == (f"[stop] the run failed (exit status 1); continue from step 6 once the cause is "
+                                 f"fixed: algo-train --resume {run}")
+    assert after_run(0, run) is None and after_run(2, run) is None
+    empty = tmp_path / "e"
+    empty.mkdir()
+    assert "before its first checkpoint; start it over: --output" in after_run(130, empty)
+
+
+def test_quiet_console_environment(monkeypatch):
+    from launch.train import QUIET_ENV, quiet_env
+
+    cfg = resolve("grpo")
+    env = quiet_env(cfg, starts_local_ray=True, environ={"TRANSFORMERS_VERBOSITY": "info"})
+    assert env["RAY_AUTH_MODE"] == "token" and "TRANSFORMERS_VERBOSITY" not in env  # the user's setting stays
+    assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and "ignore::FutureWarning" in env["PYTHONWARNINGS"]
+    assert "RAY_AUTH_MODE" not in quiet_env(cfg, starts_local_ray=False, environ={})  # a joined cluster's own
+    assert quiet_env(resolve("grpo", flags={"logging.verbose": True}), True, {}) == {}
+    assert set(QUIET_ENV) <= set(quiet_env(cfg, False, {}))
+    assert parse(["--algo", "grpo", "--verbose"])[1].logging.verbose is True
+    # the config.yaml of a run that kept the default shows it
+    assert "verbose: false" in dump_annotated(cfg)
+    assert yaml.safe_load(dump_annotated(cfg))["logging"]["verbose"] is False
