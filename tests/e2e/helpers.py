@@ -22,14 +22,14 @@ SMALL = ["--set", "rollout.n=4", "--set", "learner.batch_prompts=4", "--set", "l
          "--set", "data.train_prompts=2000", "--set", "learner.warmup_steps=0"]  # runs of 2-3 steps: no warm-up
 
 
-def command(out: Path, model_cache: str, *args: str) -> list[str]:
+def command(out: Path, model_cache: str | None, *args: str) -> list[str]:
     """The `algo-train` command line of a small test run writing to `out` (`args` come last, so their
-    `--set`s override SMALL's)."""
-    return [EXE, "--output", str(out), *SMALL, "--set", f"model.cache_dir={model_cache}",
-            "--set", "logging.progress=plain", *args]
+    `--set`s override SMALL's). model_cache: the built-in model's cache; None for a run given --model."""
+    cache = ["--set", f"model.cache_dir={model_cache}"] if model_cache else []
+    return [EXE, "--output", str(out), *SMALL, *cache, "--set", "logging.progress=plain", *args]
 
 
-def train(out: Path, model_cache: str, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
+def train(out: Path, model_cache: str | None, *args: str, timeout: int = 420) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_DEDUP_LOGS="1")
     proc = subprocess.run(command(out, model_cache, *args), capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
@@ -68,6 +68,11 @@ def assert_keys_documented(run: Path) -> None:
 def assert_weights_changed(run: Path, step: int, model_cache: str) -> None:
     """The final HF export's weights (hf/step_<step>) differ from the warmed-up model the run started from."""
     (start,) = [d for d in Path(model_cache).iterdir() if "-sft-" in d.name and not d.name.endswith(".partial")]
+    assert_weights_changed_from(start, run, step)
+
+
+def assert_weights_changed_from(start: Path, run: Path, step: int) -> None:
+    """The final HF export's weights (hf/step_<step>) differ from those of the model directory `start`."""
     before = load_file(str(start / "model.safetensors"))
     after = load_file(str(run / "hf" / f"step_{step}" / "model.safetensors"))
     assert before.keys() == after.keys()
