@@ -62,18 +62,6 @@ class DemoBatches:
         return batch
 
 
-def push_suspects(error: BaseException, actors: int) -> dict[int, str]:
-    """{actor: why} of the actors a failed weight push blames (`WeightSyncError.suspects`, keyed by
-    receiver name "actor-<i>"; read through Ray's wrapper too): those that died, stalled or never
-    acknowledged the version in time."""
-    for err in (error, getattr(error, "cause", None), error.__cause__):
-        suspects = getattr(err, "suspects", None)
-        if suspects:
-            names = {f"actor-{i}": i for i in range(actors)}
-            return {names[n]: f"failed the weight push: {why}" for n, why in suspects.items() if n in names}
-    return {}
-
-
 class Stop(Exception):
     """Raised inside the loop when the user asked the run to stop."""
 
@@ -177,7 +165,6 @@ class Driver:
         buffer say what to skip), rebuild the weight-sync group, push the current weights to every
         actor, and only then let the successors generate."""
         t0 = time.monotonic()
-        self.graph.kill_actors(dead)  # first: a stuck actor must not push while its successor's plan is made
         for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
             with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
                 ghost.release_credit(2**20)
@@ -218,7 +205,6 @@ class Driver:
             return stats
         except Exception as e:
             stats, dead = self.graph.actor_stats()
-            dead = push_suspects(e, len(self.graph.actors)) | dead  # alive but stuck in the push = dead too
             if not dead:
                 raise
             self._actor_reports.update(stats)

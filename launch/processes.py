@@ -218,24 +218,19 @@ class ProcessGraph:
                 del stats[i]
         return stats, dead
 
-    def kill_actors(self, ids) -> None:
-        """Stop the actors `ids` for good (dead, or alive but stuck): after this none of them can push
-        to the buffer or ack a weight push."""
-        for i in ids:
-            try:
-                if self.serial:
-                    self.actors[i].close.remote()
-                else:
-                    self._ray.kill(self.actors[i], no_restart=True)
-            except Exception as e:  # noqa: BLE001 - it is dead already, or dying: go on
-                self.log(f"[graph] stopping actor {i} failed: {e}")
-
     def restart_actors(self, plans: dict[int, dict], version: int) -> None:
         """Replace the actors of `plans` ({actor: {"skip", "cursor", "requeue"}}, see `ActorRole`) with
         fresh ones whose weights are labelled `version`; they start their engines but neither join the
-        weight sync nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`). The old
-        actors must have been stopped first (`kill_actors`)."""
+        weight sync nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
         for i in plans:
+            old = self.actors[i]
+            try:
+                if self.serial:
+                    old.close.remote()
+                else:
+                    self._ray.kill(old, no_restart=True)
+            except Exception as e:  # noqa: BLE001 - it is dead already, or dying: go on
+                self.log(f"[graph] stopping actor {i} failed: {e}")
             p = plans[i]
             self.actors[i] = self._new_actor(i, p["skip"], version, p.get("cursor"), p.get("requeue", ()))
         pids = self._get([self.actors[i].start.remote() for i in plans])
