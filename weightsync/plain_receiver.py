@@ -13,6 +13,7 @@ user of the machine could read it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from datetime import timedelta
@@ -108,6 +109,14 @@ class PlainReceiver:
         set_json(self._store, key_ack(seq, self.rank), ack)
         return ack
 
+    def close(self) -> None:
+        """Stops the heartbeat and tears the gloo group down in order, while the interpreter is whole
+        (left to interpreter exit, gloo's threads can meet half-destroyed objects and abort the process)."""
+        self._heartbeat.stop()
+        with contextlib.suppress(Exception):  # a group whose peer already left may refuse
+            self._pg.abort()
+        self._pg = self._store = None
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -120,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     token = sys.stdin.readline().strip()
     rx = PlainReceiver(args.host, args.port, token=token, name=args.name, checksum=args.checksum)
     rx.init()
-    for _ in range(args.pushes):
-        rx.wait_for_push()
-        rx.apply_push()
+    try:
+        for _ in range(args.pushes):
+            rx.wait_for_push()
+            rx.apply_push()
+    finally:
+        rx.close()
     return 0
 
 

@@ -344,7 +344,11 @@ class Heartbeat:
             self._stop.wait(self._period)
 
     def stop(self) -> None:
+        """Stops beating and waits for the thread (an ``add`` in flight ends within the store's
+        timeout): a process that exits with the thread inside the store client can abort."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=35)
 
 
 def maybe_json(store: dist.Store, key: str) -> dict:

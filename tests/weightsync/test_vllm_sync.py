@@ -202,18 +202,21 @@ def test_sync_makes_engine_match_new_learner_weights(rig, tmp_path):
 
 def test_in_flight_request_survives_a_sync(rig):
     """A request generating while a push arrives pauses (keep), resumes on the new weights and finishes.
-    On a loaded machine the push can win the race against the request's first decoding steps (no
-    chunk stamped before the pause): the scenario is then tried again, up to 3 times (each push is
-    labelled version 2, which the later tests build on)."""
+    The payload is prepared before the request starts: on 2 cores busy with decoding, preparing it
+    after took up to 0.55 s, longer than the whole request (400 tokens in ~0.45 s), so the pause came
+    too late. On a loaded machine the push can also win the race against the request's first decoding
+    steps (no chunk stamped before the pause): the scenario is then tried again, up to 3 times (each
+    push is labelled version 2, which the later tests build on)."""
     sender, actor, model = rig
-    max_tokens = 400
+    max_tokens = 480  # the engine's max_model_len is 512; the prompt takes 8
     version = 2
     for _attempt in range(3):
-        actor.send({"cmd": "generate", "ids": IDS[:8], "max_tokens": max_tokens})
-        assert actor.next_event(60)["event"] == "generate_started"
         with torch.no_grad():
             model.model.norm.weight.mul_(1.5)
-        stats = sender.push(full_named_tensors(model), version=version)
+        payload = sender.prepare(full_named_tensors(model), version=version)
+        actor.send({"cmd": "generate", "ids": IDS[:8], "max_tokens": max_tokens})
+        assert actor.next_event(60)["event"] == "generate_started"
+        stats = sender.send(payload)
         assert stats["acks"] == {"actor-0": str(version)}
         done = actor.next_event(120)
         assert done["event"] == "generated"
