@@ -128,6 +128,19 @@ class RolloutActor:
 
         return self._call(get())
 
+    def delivered_since(self, wall_time: float) -> list[tuple[int, int]]:
+        async def get():
+            return self.core.delivered_since(wall_time)
+
+        return self._call(get())
+
+    def requeue(self, keys: list) -> None:
+        """Generate these (epoch, prompt) pairs of this actor's shard next (prompts a dead buffer lost)."""
+        async def put():
+            self.core.cursor.requeue(keys)
+
+        self._call(put())
+
     def state_dict(self) -> dict:
         """Dataset cursor of this actor's shard (for exact resume)."""
         return self.core.cursor.state_dict()

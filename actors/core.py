@@ -25,6 +25,7 @@ import os
 import random
 import time
 import uuid
+from collections import deque
 
 import numpy as np
 
@@ -39,6 +40,8 @@ from buffer.records import Group
 from tasks.rewards import scorer_for
 
 logger = logging.getLogger(__name__)
+
+DELIVERED_KEPT = 1 << 16  # acknowledged groups remembered for `delivered_since`
 
 
 class AsyncActor(WeightUpdates):
@@ -65,6 +68,7 @@ class AsyncActor(WeightUpdates):
         self._owns_engine = False
         self._credits = 0
         self._unfinished: dict[tuple[int, int], int] = {}  # (epoch, prompt) started, not yet acknowledged
+        self._delivered: deque[tuple[float, tuple[int, int]]] = deque(maxlen=DELIVERED_KEPT)
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._run_task: asyncio.Task | None = None
@@ -101,7 +105,15 @@ class AsyncActor(WeightUpdates):
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
-        self._finished((int(group.meta.get("epoch", 0)), group.prompt_index))
+        key = (int(group.meta.get("epoch", 0)), group.prompt_index)
+        self._finished(key)
+        self._delivered.append((time.time(), key))
+
+    def delivered_since(self, wall_time: float) -> list[tuple[int, int]]:
+        """(epoch, prompt) of the groups the buffer acknowledged at or after `wall_time` (time.time()),
+        oldest first: what a buffer that died after a snapshot of that time may have lost
+        (`launch.buffer_keeper`). The record keeps the last DELIVERED_KEPT acknowledgements."""
+        return [k for t, k in self._delivered if t >= wall_time]
 
     def _finished(self, key: tuple[int, int]) -> None:
         n = self._unfinished.pop(key, 0) - 1

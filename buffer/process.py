@@ -41,25 +41,31 @@ def _install_signals(service, managed: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN if managed else stop)
 
 
-def _child_main(settings_json: str, conn, parent_pid: int, log_level: str, secrets: RunSecrets | None) -> None:
+def _child_main(settings_json: str, conn, parent_pid: int, log_level: str, secrets: RunSecrets | None,
+                restore: tuple[str, list] | None = None) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from buffer.service import BufferService
+    from buffer.snapshot import restore_snapshot
 
+    info = {}
     try:
         service = BufferService(BufferSettings.from_json(settings_json), parent_pid=parent_pid, secrets=secrets)
+        if restore is not None:  # before the first message is read: nothing a client sent is overwritten
+            info = restore_snapshot(service.core, restore[0], exclude=restore[1])
     except Exception as e:
         conn.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         conn.close()
         return
     _install_signals(service, managed=True)
-    conn.send_bytes(json.dumps({"address": service.address}).encode())
+    conn.send_bytes(json.dumps({"address": service.address, "restored": info}).encode())
     conn.close()
     service.serve_forever()
 
 
 def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertise_host: str | None = None,
                          secrets: RunSecrets | None = None, startup_timeout_s: float = 60.0,
-                         log_level: str = "WARNING", **overrides) -> tuple[mp.Process, str]:
+                         log_level: str = "WARNING", restore: tuple[str, list] | None = None,
+                         **overrides) -> tuple[mp.Process, str]:
     """Spawn the buffer service -> (process, the address clients must use). Stop it with `process.terminate()`.
 
     cfg: a RunConfig, a BufferConfig (then pass batch_prompts), a dict, a BufferSettings or None;
@@ -67,7 +73,10 @@ def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertis
     advertise_host: this node's IP as Ray reports it when the run spans several nodes (then `buffer.host:
     auto` binds every interface and clients are told this IP); None on one machine (loopback).
     secrets: the run's `RunSecrets` with the server's secret key (full, or `for_server()`): serve CURVE and
-    admit only the run's client key. None = plain (tests, the command line)."""
+    admit only the run's client key. None = plain (tests, the command line).
+    restore: (snapshot path, [(epoch, prompt_index), ...] not to restore): the new service loads the
+    snapshot before it serves anyone (`buffer.snapshot.restore_snapshot`); what it restored is
+    `process.restored` ({version, groups, excluded, demos})."""
     if advertise_host is not None:
         overrides["advertise_host"] = advertise_host
     settings = BufferSettings.from_config(cfg, batch_prompts, **overrides)
@@ -77,7 +86,7 @@ def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertis
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_main, args=(settings.to_json(), send, os.getpid(), log_level,
-                                                 secrets.for_server() if secrets else None),
+                                                 secrets.for_server() if secrets else None, restore),
                        name="buffer-service", daemon=True)
     proc.start()
     send.close()
@@ -96,6 +105,7 @@ def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertis
     if "error" in msg:
         proc.join(5)
         raise RuntimeError(f"buffer service failed to start: {msg['error']}")
+    proc.restored = msg["restored"]
     return proc, msg["address"]
 
 

@@ -55,6 +55,9 @@ def listen_hosts(host: str, advertise_host: str | None) -> tuple[str, str]:
     return host, host
 
 
+LAUNCHER_KEYS = {"snapshot_every_s"}  # `buffer:` keys the launcher acts on; the service ignores them
+
+
 @dataclass
 class BufferSettings:
     max_staleness: int = 1  # K, versions
@@ -120,7 +123,7 @@ class BufferSettings:
             values = {k: v for k, v in buf.items() if k in known}
             if "learner" in cfg and "batch_prompts" in cfg["learner"]:
                 values["batch_prompts"] = cfg["learner"]["batch_prompts"]
-            unknown = set(buf) - known - {"buffer", "learner"}
+            unknown = set(buf) - known - {"buffer", "learner"} - LAUNCHER_KEYS
             if unknown:
                 raise ValueError(f"buffer settings: unknown keys {sorted(unknown)} (known: {sorted(known)})")
         elif cfg is not None:

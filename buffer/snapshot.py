@@ -13,6 +13,7 @@ import dataclasses
 import os
 import tempfile
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
 
 import msgpack
 
@@ -72,8 +73,15 @@ def _count(x) -> bool:
     return C.is_int(x) and x >= 0
 
 
-def restore_snapshot(core: BufferCore, path: str) -> dict:
-    """Replace `core`'s state with the file's; raises WireError (state untouched) if anything is wrong."""
+def group_key(g) -> tuple[int, int]:
+    """(epoch, prompt_index) of a stored group: the key of the launcher's prompt ledger."""
+    return int(g.header["meta"].get("epoch", 0)), int(g.prompt_index)
+
+
+def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dict:
+    """Replace `core`'s state with the file's; raises WireError (state untouched) if anything is wrong.
+    `exclude`: (epoch, prompt_index) keys whose groups are not restored (a restarted buffer must not
+    serve again what was trained after the snapshot); they are counted as `excluded`."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -109,10 +117,12 @@ def restore_snapshot(core: BufferCore, path: str) -> dict:
     ids = [g.group_id for g in groups]
     if len(set(ids)) != len(ids):
         raise WireError(C.BAD_VALUE, f"snapshot {path}: a group id appears twice")
+    drop = {(int(e), int(i)) for e, i in exclude}
+    kept = deque(g for g in groups if group_key(g) not in drop)
     # Everything validated: swap it in.
     core.version = version
     core.served_at_version = 0
-    core.queue = groups
+    core.queue = kept
     core.demos, core.demo_tokens = {}, 0
     core.add_demos(demos)
     core.counts = Counter(dict(counts))
@@ -121,4 +131,4 @@ def restore_snapshot(core: BufferCore, path: str) -> dict:
     for gid in ids:
         core.seen.setdefault(gid, True)
     core.ledger.clear()
-    return {"version": version, "groups": len(groups), "demos": len(demos)}
+    return {"version": version, "groups": len(kept), "excluded": len(groups) - len(kept), "demos": len(demos)}

@@ -234,7 +234,11 @@ class BufferConfig(Section):
                             "reports it. An IPv4 address binds that interface and is what clients use (0.0.0.0: every "
                             "interface, clients told the node IP, or loopback on one machine); a loopback address is "
                             "refused on a cluster. Connections are authenticated with the run's CURVE keys either way")
-    port: int = Field(0, ge=0, lt=65536, description="TCP port; 0 = pick a free one")
+    port: int = Field(0, ge=0, lt=65536, description="TCP port; 0 = pick a free one (a restarted buffer keeps it)")
+    snapshot_every_s: float = Field(
+        60.0, ge=0, description="seconds between the driver's snapshots of the buffer to run_dir/buffer/ (also one "
+                                "with every checkpoint); a buffer process that dies is restarted from the latest. "
+                                "0 = only with checkpoints")
 
     @field_validator("host")
     @classmethod
@@ -536,6 +540,10 @@ class PacsConfig(Section):
 class LoggingConfig(Section):
     output_dir: str | None = Field(None, description="run folder; null = runs/<algo>-<timestamp>")
     tensorboard: bool = Field(True, description="also write metrics (and samples) as TensorBoard events in tb/")
+    wandb: bool = Field(False, description="also log metrics to Weights & Biases (needs `pip install wandb`; same keys "
+                                           "as TensorBoard; WANDB_MODE=offline keeps them in run_dir/wandb/)")
+    wandb_project: str = Field("impala-lm", description="W&B project of the run (logging.wandb)")
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); null = your default")
     progress: Literal["auto", "bar", "plain"] = Field("auto", description="live line on a TTY, log lines otherwise")
     log_every: int = Field(1, ge=1, description="steps between metric lines")
     samples_every: int = Field(

@@ -21,17 +21,21 @@ import time
 from pathlib import Path
 
 import algos
-from buffer.client import BufferClient
+from buffer.client import BufferClient, BufferUnavailable
 from configs.schema import RunConfig
+from launch.buffer_keeper import BufferKeeper, lost_prompts
 from launch.data import RunData
 from launch.ledger import Key, PromptLedger
-from launch.metrics import MetricsWriter, done_line, run_summary
+from launch.metrics import MetricsWriter, done_line, run_summary, wandb_init
 from launch.processes import ProcessGraph
 from launch.progress import Progress
+from launch.roles import where
 from launch.samples import SampleLog
 from tasks.rewards import first_error, reward_metrics
 
-PULL_POLL_S = 5.0  # how often a waiting driver checks actor health
+PULL_POLL_S = 5.0  # how often a driver waiting for a batch checks actor health
+HEALTH_EVERY_S = 5.0  # how often a training driver checks actor health (one parallel call to all of them)
+BUFFER_TIMEOUT_S = 20.0  # the driver's buffer calls: longer than any snapshot, short enough to notice a death
 
 
 class DemoBatches:
@@ -62,18 +66,31 @@ class DemoBatches:
         return batch
 
 
+def push_suspects(error: BaseException, actors: int) -> dict[int, str]:
+    """{actor: why} of the actors a failed weight push blames (`WeightSyncError.suspects`, keyed by
+    receiver name "actor-<i>"; read through Ray's wrapper too): those that died, stalled or never
+    acknowledged the version in time."""
+    for err in (error, getattr(error, "cause", None), error.__cause__):
+        suspects = getattr(err, "suspects", None)
+        if suspects:
+            names = {f"actor-{i}": i for i in range(actors)}
+            return {names[n]: f"failed the weight push: {why}" for n, why in suspects.items() if n in names}
+    return {}
+
+
 class Stop(Exception):
     """Raised inside the loop when the user asked the run to stop."""
 
 
 class Driver:
     def __init__(self, cfg: RunConfig, graph: ProcessGraph, data: RunData, run_dir: Path, buffer_address: str,
-                 progress: Progress, secrets=None):
+                 progress: Progress, secrets=None, keeper: BufferKeeper | None = None):
+        """keeper: owns the buffer process at `buffer_address` and restarts it when it dies (None: the
+        buffer is someone else's, e.g. a test's, and a dead one ends the run)."""
         self.cfg, self.graph, self.data, self.run_dir, self.progress = cfg, graph, data, run_dir, progress
-        self.client_address, self.secrets = buffer_address, secrets  # RunSecrets.public() of the run
-        self.client = BufferClient(buffer_address, "driver", timeout_s=60.0, secrets=secrets)
-        if data.demos:
-            self.client.add_demos({int(k): v for k, v in data.demos.items()}, rewards=data.demo_rewards)
+        self.client_address, self.secrets, self.keeper = buffer_address, secrets, keeper  # secrets: .public()
+        self.client = BufferClient(buffer_address, "driver", timeout_s=BUFFER_TIMEOUT_S, secrets=secrets)
+        self._add_demos()
         self.ledger = PromptLedger()
         spec = algos.get(cfg.algo)
         self.demos = DemoBatches(data, cfg.learner.batch_prompts, cfg.seed) if spec.trains_on_demonstrations_only \
@@ -85,6 +102,11 @@ class Driver:
         self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (cursor, unfinished prompts)
         self._reward_error_shown = False
         self._push_stats: dict = {}  # stats of the last push settled, not reported yet
+        self._last_health = 0.0  # time.monotonic() of the last actor health check
+
+    def _add_demos(self) -> None:
+        if self.data.demos:
+            self.client.add_demos({int(k): v for k, v in self.data.demos.items()}, rewards=self.data.demo_rewards)
 
     # ------------------------------------------------------------------ resume
     def restore(self, resume_dir: Path) -> list[Key]:
@@ -121,8 +143,11 @@ class Driver:
         extra = {"step": self.step, "version": self.version, "ledger": self.ledger.state_dict(),
                  "buffer_snapshot": "buffer.msgpack", "algo": self.cfg.algo}
         self.graph.save(staged, extra)
+        began = time.time()
         self.client.snapshot(str((staged / "buffer.msgpack").resolve()))
         ckpt = ckpts.commit(staged, final)
+        if self.keeper is not None:
+            self.keeper.taken(ckpt / "buffer.msgpack", began)
         ckpts.rotate(root, self.cfg.learner.keep_checkpoints, protect=self.resumed_from)
         if export:
             ckpts.export_hf(ckpt, self.run_dir / "hf" / f"step_{self.step}")
@@ -145,15 +170,17 @@ class Driver:
             if self._stop_requested:
                 raise Stop
             try:
-                return self.client.pull_batch(n, timeout_s=PULL_POLL_S), time.monotonic() - t0
+                return self._to_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S)), time.monotonic() - t0
             except TimeoutError:
                 self._check_actors()
+                self._check_buffer()
 
     def _check_actors(self) -> dict[int, str]:
         """Health check of the actors: restart the dead ones (`_restart`); returns {actor: why} of those."""
         if not self.graph.actors:
             return {}
         stats, dead = self.graph.actor_stats()
+        self._last_health = time.monotonic()
         self._actor_reports.update(stats)
         if dead:
             self._restart(dead)
@@ -165,6 +192,8 @@ class Driver:
         buffer say what to skip), rebuild the weight-sync group, push the current weights to every
         actor, and only then let the successors generate."""
         t0 = time.monotonic()
+        old_pids = {i: self.graph.pids[i] for i in dead}
+        self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
         for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
             with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
                 ghost.release_credit(2**20)
@@ -183,8 +212,7 @@ class Driver:
             c = last["cursor"]
             notes[i] = (f"its prompts resume at epoch {c['epoch']}, position {c['position']}, "
                         f"{len(requeue)} unfinished re-queued")
-        old_pids = {i: self.graph.pids[i] for i in dead}
-        self.graph.restart_actors(plans, self.version)
+        self.graph.replace_actors(plans, self.version)
         self.graph.connect_weight_sync()
         self.graph.push_weights(self.version)
         self.graph.start_rollouts(list(plans))
@@ -192,6 +220,52 @@ class Driver:
             self.progress.message(f"[actor] actor {i} (pid {old_pids[i]}) died ({why}); restarted as pid "
                                   f"{self.graph.pids[i]} and re-synced to version {self.version} in "
                                   f"{time.monotonic() - t0:.0f}s; {notes[i]}")
+        self.write_processes()
+
+    def _to_buffer(self, call):
+        """`call(client)`; when the buffer died under it, once more after restarting it."""
+        try:
+            return call(self.client)
+        except BufferUnavailable:
+            if not self._check_buffer():
+                raise
+            return call(self.client)
+
+    def _check_buffer(self) -> bool:
+        """Restart the buffer process if it died (`launch.buffer_keeper`); True when it did."""
+        why = self.keeper.death() if self.keeper is not None else None
+        if why is None:
+            return False
+        t0, pid = time.monotonic(), self.keeper.pid
+        self.progress.message(f"[buffer] the buffer process (pid {pid}) died ({why}); restarting it")
+        info = self.keeper.restart(self.ledger.trained)
+        self.client.close()
+        self.client = BufferClient(self.client_address, "driver", timeout_s=BUFFER_TIMEOUT_S, secrets=self.secrets)
+        if info["snapshot"] is None:
+            self._add_demos()
+        self.client.set_version(self.version)
+        # what the actors delivered since the snapshot, read before what the new buffer holds
+        delivered = self.graph.delivered_since(info["since"]) if self.graph.actors else {}
+        held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+        lost = {i: lost_prompts(keys, self.ledger.trained, held) for i, keys in delivered.items()}
+        self.graph.requeue(lost)
+        r = info["restored"]
+        source = (f"{r.get('groups', 0)} groups restored from {info['snapshot']} ({r.get('excluded', 0)} trained "
+                  "since then left out)" if info["snapshot"] else "no snapshot yet: it started empty")
+        self.progress.message(f"[buffer] restarted as pid {self.keeper.pid} in {time.monotonic() - t0:.0f}s: "
+                              f"{source}; {sum(map(len, lost.values()))} prompts it had lost re-queued")
+        self.write_processes()
+        return True
+
+    def write_processes(self) -> None:
+        """run_dir/processes.json: role -> {pid, host} of the run's processes, rewritten after a restart."""
+        roles = {"driver": where()}
+        if self.keeper is not None:
+            roles["buffer"] = {**where(), "pid": self.keeper.pid}
+        roles |= self.graph.where()
+        tmp = self.run_dir / ".processes.json.tmp"
+        tmp.write_text(json.dumps(roles, indent=1))
+        os.replace(tmp, self.run_dir / "processes.json")
 
     def _settle_push(self) -> dict | None:
         """Wait for the weight push in flight (it travels while the learner pulls and trains the next
@@ -205,6 +279,7 @@ class Driver:
             return stats
         except Exception as e:
             stats, dead = self.graph.actor_stats()
+            dead = push_suspects(e, len(self.graph.actors)) | dead  # alive but stuck in the push = dead too
             if not dead:
                 raise
             self._actor_reports.update(stats)
@@ -235,7 +310,8 @@ class Driver:
 
     def run(self) -> int:
         cfg, lc = self.cfg, self.cfg.learner
-        writer = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard, from_step=self.step)
+        writer = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard, from_step=self.step,
+                               wandb=wandb_init(cfg, self.run_dir))
         sample_log = SampleLog(self.run_dir, cfg.logging.samples_every, cfg.logging.samples_per_step,
                                self.graph.model_dir, text_sink=writer.write_text, from_step=self.step)
         old_int = signal.signal(signal.SIGINT, self._on_signal)
@@ -250,6 +326,7 @@ class Driver:
             self.graph.start_rollouts()
             t_loop = t_last = time.monotonic()
             while self.step < lc.steps:
+                self._check_buffer()
                 groups, wait_s = self._pull()
                 keys = [(int(g.meta.get("epoch", 0)), g.prompt_index) for g in groups]
                 self.ledger.record(self.step, keys)
@@ -261,12 +338,12 @@ class Driver:
                 t0 = time.monotonic()
                 sync = self._sync_weights()  # sync: the previous version's push, which overlapped this step
                 sync_s = time.monotonic() - t0
-                self.client.set_version(self.version)
+                self._to_buffer(lambda c: c.set_version(self.version))
                 now = time.monotonic()
                 samples = sum(g.n for g in groups)
                 generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
                 tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
-                buf = self.client.stats()
+                buf = self._to_buffer(lambda c: c.stats())
                 metrics |= {
                     "version": self.version,
                     "accuracy/train": sum(r >= 1.0 for r in generated) / len(generated) if generated else None,
@@ -282,6 +359,7 @@ class Driver:
                     "buffer/occupancy_groups": buf.get("occupancy_groups", 0),
                     "buffer/filtered": sum(buf.get("filtered", {}).values()),
                     "actors/restarts": self.graph.restarts,
+                    "buffer/restarts": self.keeper.restarts if self.keeper is not None else 0,
                     **reward_metrics(self._actor_reports.values()),  # as of the last health check
                 }
                 t_last = now
@@ -294,10 +372,13 @@ class Driver:
                 export = bool(lc.hf_every) and self.step % lc.hf_every == 0
                 if export or (lc.save_every and self.step % lc.save_every == 0):
                     self.checkpoint(export=export)
+                elif self.keeper is not None:
+                    self._to_buffer(self.keeper.maybe_snapshot)
                 writer.write(self.step, metrics)
                 sample_log.write(self.step, groups)
                 self.progress.update(self.step, metrics, every=cfg.logging.log_every)
-                self._check_actors()
+                if time.monotonic() - self._last_health >= HEALTH_EVERY_S:
+                    self._check_actors()
         except Stop:
             status = 130
         finally:

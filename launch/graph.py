@@ -29,7 +29,7 @@ from launch.progress import Progress
 def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     from actors.prompts import load_tokenizer
     from buffer.auth import RunSecrets
-    from buffer.process import start_buffer_process
+    from launch.buffer_keeper import BufferKeeper
     from launch.data import load_run_data
     from launch.model_prep import prepare_model
     from launch.placement import plan_cores
@@ -43,13 +43,13 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     secrets = RunSecrets.generate()  # this run's keys: handed to its processes, never written anywhere
     cluster = cfg.ray_address is not None  # resolved at launch (launch.cluster): loopback on one machine
     graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message)
-    buffer_proc = None
+    keeper = None
     try:
         if not cfg.serial:  # every other node sees the run folder, the model and the data, or the run stops here
             check_shared_storage(run_dir, other_nodes(), shared_paths(cfg, model_dir))
         # the buffer is the driver's child: on a cluster it listens on the driver's node and advertises its IP
-        advertise = graph.node_ip() if cluster else None
-        buffer_proc, graph.buffer_address = start_buffer_process(cfg, advertise_host=advertise, secrets=secrets)
+        keeper = BufferKeeper(cfg, run_dir, advertise_host=graph.node_ip() if cluster else None, secrets=secrets)
+        graph.buffer_address = keeper.start()
         progress.message(f"[graph] buffer at {graph.buffer_address} (CURVE: only this run's key pair is served)")
         pin = not cluster and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0
         actor_cores, rank_cores = (plan_cores(cfg.rollout.num_actors, cfg.rollout.cpus_per_actor,
@@ -58,10 +58,12 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         if cfg.serial:  # the learner is this process: pinning it would pin the actors' loops to its cores too
             rank_cores = [None] * cfg.learner.world_size
         graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
-        driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public())
+        driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public(),
+                        keeper=keeper)
         skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
         graph.start_actors(actor_cores, skip=skip, version=driver.version)
         graph.connect_weight_sync()
+        driver.write_processes()
         ws = cfg.weight_sync
         if graph.actors:
             progress.message(f"[graph] weight sync: {ws.backend}, {ws.mode} pushes in {cfg.model.dtype}"
@@ -71,6 +73,5 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         return driver.run()
     finally:
         graph.shutdown()
-        if buffer_proc is not None:
-            buffer_proc.terminate()
-            buffer_proc.join(timeout=10)
+        if keeper is not None:
+            keeper.stop()

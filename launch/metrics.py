@@ -27,8 +27,10 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True, from_step: int | None = None):
-        """from_step: the step a resumed run continues from; rows of later steps are dropped."""
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, from_step: int | None = None,
+                 wandb: dict | None = None):
+        """from_step: the step a resumed run continues from; rows of later steps are dropped.
+        wandb: `wandb.init` arguments (`wandb_init`) to log the same scalars to Weights & Biases; None = off."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "metrics.jsonl"
@@ -47,16 +49,24 @@ class MetricsWriter:
 
             purge = from_step + 1 if from_step else None  # hide events of steps trained again
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge)
+        self._wb = None
+        if wandb is not None:
+            import wandb as wb
+
+            self._wb = wb.init(**wandb)
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": step} | {k: _plain(v) for k, v in metrics.items() if k != "step"}
         self._jsonl.write(json.dumps(row, sort_keys=False) + "\n")
         if row.get("eval/accuracy") is not None:
             self.evals[step] = row["eval/accuracy"]
+        scalars = {k: v for k, v in row.items()
+                   if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)}
         if self._tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, global_step=step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, global_step=step)
+        if self._wb is not None and scalars:
+            self._wb.log(scalars, step=step)
         return row
 
     def write_text(self, tag: str, text: str, step: int) -> None:
@@ -79,6 +89,24 @@ class MetricsWriter:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wb is not None:
+            self._wb.finish()
+
+
+def wandb_init(cfg, run_dir: Path) -> dict | None:
+    """`wandb.init` arguments for the run (None unless logging.wandb): the run folder's name, files under
+    run_dir/wandb, the resolved config, and an id kept in run_dir/wandb_id so a resumed run continues
+    the same W&B run (W&B ignores steps it has already seen: rows a resume trains again are not re-logged)."""
+    lc = cfg.logging
+    if not lc.wandb:
+        return None
+    id_file = run_dir / "wandb_id"
+    if not id_file.exists():
+        import uuid
+
+        id_file.write_text(uuid.uuid4().hex[:16])
+    return {"project": lc.wandb_project, "entity": lc.wandb_entity, "name": run_dir.name, "dir": str(run_dir),
+            "id": id_file.read_text().strip(), "resume": "allow", "config": cfg.model_dump(mode="json")}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

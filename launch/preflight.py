@@ -20,6 +20,7 @@ It writes nothing. Checked, in order:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def preflight(cfg: RunConfig) -> None:
         raise PreflightError(str(e)) from None
     if "process_rewards" in spec.requires(cfg):
         check_prm(cfg)
+    if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
+                             "logging.wandb=false")
 
 
 def check_hf_dir(key: str, path: Path):

@@ -46,6 +46,11 @@ class _Local:
         return _M
 
 
+class LearnerDied(RuntimeError):
+    """A learner rank's process is gone: the run cannot go on without it (the message names the rank,
+    its process and how to read its log)."""
+
+
 class ProcessGraph:
     def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print):
         """secrets: the run's client credentials (`RunSecrets.public()`) handed to every actor; the
@@ -58,6 +63,7 @@ class ProcessGraph:
         self.actor_cores: list = []
         self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
         self.restarts = 0
+        self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
         if not self.serial:
             import ray
 
@@ -116,17 +122,39 @@ class ProcessGraph:
         self.ranks = [first] + [make(self.cfg, r, w, str(self.model_dir), rank_cores[r], cluster, rendezvous)
                                 for r in range(1, w)]
 
+    def _on_ranks(self, futures):
+        """`_get(futures)` of learner-rank calls; a rank whose process died raises `LearnerDied`."""
+        if self.serial:
+            return futures
+        try:
+            return self._get(futures)
+        except self._ray.exceptions.RayActorError as e:
+            raise LearnerDied(self._dead_ranks(e)) from None
+
+    def _dead_ranks(self, error: BaseException) -> str:
+        dead = []
+        for r, h in enumerate(self.ranks):
+            try:
+                self._ray.get(h.where.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - gone, or not answering: either way it cannot train
+                was = self._where.get(f"learner/{r}", {})
+                dead.append(f"learner rank {r} (pid {was.get('pid', '?')} on {was.get('host', '?')}; its log: "
+                            f"`ray logs actor --id {h._actor_id.hex()}`)")
+        cause = str(error).strip().splitlines()[0][:200]
+        return f"{', '.join(dead) or 'a learner rank'} died ({type(error).__name__}: {cause})"
+
     def step(self, groups, version: int) -> dict:
-        return self._get([r.step.remote(groups, version) for r in self.ranks])[0]
+        batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
+        return self._on_ranks([r.step.remote(batch, version) for r in self.ranks])[0]
 
     def start_push(self, version: int) -> None:
         """Gather the weights on every rank and start sending them as `version` (rank 0 sends in the
         background: `finish_push` waits for it, and a new `start_push` waits for the previous one)."""
-        self._get([r.push_weights.remote(version) for r in self.ranks])
+        self._on_ranks([r.push_weights.remote(version) for r in self.ranks])
 
     def finish_push(self) -> dict:
         """Stats of the push in flight once every actor has loaded it ({} when none); raises its error."""
-        return self._get(self.ranks[0].push_result.remote())
+        return self._on_ranks(self.ranks[0].push_result.remote())
 
     def push_weights(self, version: int) -> dict:
         """Push `version` and wait until every actor has loaded it."""
@@ -134,7 +162,7 @@ class ProcessGraph:
         return self.finish_push()
 
     def save(self, path: Path, extra_state: dict) -> None:
-        self._get([r.save.remote(str(path), extra_state) for r in self.ranks])
+        self._on_ranks([r.save.remote(str(path), extra_state) for r in self.ranks])
 
     def load(self, path: Path) -> dict:
         return self._get([r.load.remote(str(path)) for r in self.ranks])[0]
@@ -158,13 +186,15 @@ class ProcessGraph:
             os.environ.update(env)
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
                           env=env, bundle=i)
-        return make(self.cfg, i, str(self.model_dir), self.buffer_address, self.data.train, self.actor_cores[i],
+        return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, self.actor_cores[i],
                     version, [list(k) for k in skip], cursor, [list(k) for k in requeue], self.secrets)
 
     def start_actors(self, actor_cores: list, skip: list[Key], version: int = 0) -> None:
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:
             return
         self.actor_cores = actor_cores
+        # the training prompts: put in Ray's object store once, not pickled into every actor's arguments
+        self._train = self.data.train if self.serial else self._ray.put(self.data.train)
         t0 = time.monotonic()
         self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
         self.pids = self._get([a.start.remote() for a in self.actors])
@@ -199,44 +229,78 @@ class ProcessGraph:
         self._get([self.actors[i].start_rollouts.remote() for i in ids])
 
     def actor_stats(self, timeout_s: float = 30.0) -> tuple[dict[int, dict], dict[int, str]]:
-        """({actor: stats} of the live actors, {actor: why it counts as dead} of the others)."""
-        stats, dead = {}, {}
-        for i, a in enumerate(self.actors):
-            if self.serial:
-                stats[i] = a.stats.remote()
-            else:
-                try:
-                    stats[i] = self._ray.get(a.stats.remote(), timeout=timeout_s)
-                except self._ray.exceptions.RayActorError as e:
-                    dead[i] = f"process gone: {type(e).__name__}"
-                    continue
-                except self._ray.exceptions.GetTimeoutError:
-                    dead[i] = f"no answer within {timeout_s:.0f}s"
-                    continue
-            if stats[i].get("engine_dead"):
+        """({actor: stats} of the live actors, {actor: why it counts as dead} of the others), asked of
+        every actor at once: one deadline of `timeout_s` for all of them, not one each."""
+        if self.serial:
+            stats = {i: a.stats.remote() for i, a in enumerate(self.actors)}
+            dead = {i: "its vLLM engine died" for i, st in stats.items() if st.get("engine_dead")}
+            return {i: st for i, st in stats.items() if i not in dead}, dead
+        refs = [a.stats.remote() for a in self.actors]
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        stats, dead, ready = {}, {}, set(ready)
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                dead[i] = f"no answer within {timeout_s:.0f}s"
+                continue
+            try:
+                st = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError as e:
+                dead[i] = f"process gone: {type(e).__name__}"
+                continue
+            if st.get("engine_dead"):
                 dead[i] = "its vLLM engine died"
-                del stats[i]
+            else:
+                stats[i] = st
         return stats, dead
 
-    def restart_actors(self, plans: dict[int, dict], version: int) -> None:
-        """Replace the actors of `plans` ({actor: {"skip", "cursor", "requeue"}}, see `ActorRole`) with
-        fresh ones whose weights are labelled `version`; they start their engines but neither join the
-        weight sync nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
-        for i in plans:
-            old = self.actors[i]
+    def kill_actors(self, ids: list[int], timeout_s: float = 30.0) -> None:
+        """Kill the actors `ids` and wait until Ray reports them dead (at most `timeout_s`), so none of
+        them can push another group once the driver decides what their successors must generate."""
+        for i in ids:
             try:
                 if self.serial:
-                    old.close.remote()
+                    self.actors[i].close.remote()
                 else:
-                    self._ray.kill(old, no_restart=True)
+                    self._ray.kill(self.actors[i], no_restart=True)
             except Exception as e:  # noqa: BLE001 - it is dead already, or dying: go on
                 self.log(f"[graph] stopping actor {i} failed: {e}")
-            p = plans[i]
+        if self.serial:
+            return
+        deadline = time.monotonic() + timeout_s
+        for i in ids:
+            while time.monotonic() < deadline:
+                try:
+                    self._ray.get(self.actors[i].stats.remote(), timeout=1.0)
+                except self._ray.exceptions.RayActorError:
+                    break
+                except self._ray.exceptions.GetTimeoutError:
+                    pass
+            else:
+                self.log(f"[graph] actor {i} was not reported dead within {timeout_s:.0f}s of its kill")
+
+    def replace_actors(self, plans: dict[int, dict], version: int) -> None:
+        """Start successors of the (killed) actors of `plans` ({actor: {"skip", "cursor", "requeue"}},
+        see `ActorRole`) whose weights are labelled `version`; they start their engines but neither
+        join the weight sync nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
+        for i, p in plans.items():
             self.actors[i] = self._new_actor(i, p["skip"], version, p.get("cursor"), p.get("requeue", ()))
         pids = self._get([self.actors[i].start.remote() for i in plans])
         for i, pid in zip(plans, pids):
             self.pids[i] = pid
         self.restarts += len(plans)
+
+    def delivered_since(self, wall_time: float) -> dict[int, list]:
+        """{actor: (epoch, prompt) keys the buffer acknowledged since `wall_time`}, asked of all at once."""
+        return dict(enumerate(self._get([a.delivered_since.remote(wall_time) for a in self.actors])))
+
+    def requeue(self, keys_by_actor: dict[int, list]) -> None:
+        self._get([self.actors[i].requeue.remote(keys) for i, keys in keys_by_actor.items() if keys])
+
+    def where(self) -> dict[str, dict]:
+        """{role: {pid, host}} of the learner ranks and actors (`processes.json`)."""
+        roles = [f"learner/{r}" for r in range(len(self.ranks))] + [f"actor/{i}" for i in range(len(self.actors))]
+        self._where = dict(zip(roles, self._get([h.where.remote() for h in self.ranks + self.actors])))
+        return self._where
 
     def evaluate(self, items) -> dict:
         return self._get(self.actors[0].evaluate.remote(items))

@@ -32,6 +32,13 @@ def node_host(cluster: bool) -> str:
     return ray.util.get_node_ip_address()
 
 
+def where() -> dict:
+    """This process as `processes.json` lists it: pid and host name."""
+    import socket
+
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
 def pin_to_cores(cores: list[int] | None) -> None:
     """Restrict this process (and torch's intra-op pool) to `cores` (no-op when None)."""
     if not cores:
@@ -143,6 +150,9 @@ class LearnerRank:
             logger.warning("a weight push in flight was dropped", exc_info=True)
             return {}
 
+    def where(self) -> dict:
+        return where()
+
     def save(self, path: str, extra_state: dict) -> str:
         return str(self.learner.save(Path(path), extra_state))
 
@@ -210,6 +220,15 @@ class ActorRole:
 
     def stats(self) -> dict:
         return self.actor.stats()
+
+    def where(self) -> dict:
+        return where()
+
+    def delivered_since(self, wall_time: float) -> list:
+        return self.actor.delivered_since(wall_time)
+
+    def requeue(self, keys: list) -> None:
+        self.actor.requeue(keys)
 
     def close(self) -> None:
         self.actor.close()

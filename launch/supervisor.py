@@ -65,6 +65,7 @@ def _kill_session(sid: int) -> None:
 
 def _child(spec: str, run_dir: str) -> int:
     from launch.graph import run_graph
+    from launch.processes import LearnerDied
     from launch.progress import Progress
     from launch.resources import ResourceError
     from launch.storage import StorageError
@@ -76,6 +77,10 @@ def _child(spec: str, run_dir: str) -> int:
     except (ResourceError, StorageError) as e:  # found once Ray is up (placement, shared storage): no traceback
         print(f"algo-train: {e}", file=sys.stderr)
         return 2
+    except LearnerDied as e:  # the launcher prints the --resume command next
+        progress.close()
+        print(f"[learner] {e}; the run stops", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -71,11 +71,22 @@ TICKETS = "tickets"
 
 
 class WeightSyncError(RuntimeError):
-    """A weight push failed: a receiver died, hung past the deadline, or reported an error."""
+    """A weight push failed: a receiver died, hung past the deadline, or reported an error.
+    ``failed_ranks``: receiver rank -> why; ``suspects``: the same keyed by the receiver's name (what
+    the driver restarts). Both survive pickling (the error crosses Ray from the learner rank)."""
 
-    def __init__(self, message: str, *, failed_ranks: dict[int, str] | None = None):
+    def __init__(self, message: str, *, failed_ranks: dict[int, str] | None = None,
+                 suspects: dict[str, str] | None = None):
         super().__init__(message)
         self.failed_ranks = dict(failed_ranks or {})
+        self.suspects = dict(suspects or {})
+
+    def __reduce__(self):
+        return _rebuild_weight_sync_error, (str(self), self.failed_ranks, self.suspects)
+
+
+def _rebuild_weight_sync_error(message: str, failed_ranks: dict, suspects: dict) -> WeightSyncError:
+    return WeightSyncError(message, failed_ranks=failed_ranks, suspects=suspects)
 
 
 def key_hello(ticket: int) -> str:

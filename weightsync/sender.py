@@ -343,8 +343,11 @@ class WeightSender:
                 return acks
             if self._broken:  # closed from another thread (the learner rebuilds the group)
                 raise WeightSyncError(f"push of version {version} abandoned: sender {self._broken}")
-            if time.monotonic() > deadline:
-                raise WeightSyncError(f"no acknowledgement of version {version} within {self.timeout_s:.0f} s")
+            if time.monotonic() > deadline:  # every byte was sent: whoever has not acked is stuck loading
+                stuck = {r: f"no acknowledgement within {self.timeout_s:.0f} s (stuck in its update)"
+                         for r in ranks if r not in acks}
+                raise WeightSyncError(f"no acknowledgement of version {version} within {self.timeout_s:.0f} s",
+                                      failed_ranks=stuck)
             time.sleep(0.002)
 
     def _fail(self, seq: int, err: WeightSyncError) -> WeightSyncError:
@@ -376,7 +379,8 @@ class WeightSender:
         msg = f"weight push #{seq} failed: {err}. Suspect receivers: {who}"
         self._broken = msg
         self.plane.abort()
-        return WeightSyncError(msg, failed_ranks=failed)
+        suspects = {self.receivers[r].get("name", str(r)): why for r, why in failed.items() if r in self.receivers}
+        return WeightSyncError(msg, failed_ranks=failed, suspects=suspects)
 
     def close(self) -> None:
         self.plane.abort()

@@ -1,15 +1,20 @@
 """End to end: an actor that crashes is restarted, re-synced to the current weights, and its unfinished
-prompts are generated again; the run goes on.
+prompts are generated again; then the buffer process is killed and restarted from its snapshot; the run
+goes on.
 
 A real RLOO run (2 vLLM actors under Ray; this is also the suite's asynchronous RLOO run) trains a few steps, then actor 0's process is SIGKILLed (as
 the OOM killer would). The run must finish every step with exit 0, say in its log that it restarted
 actor 0, never train a row above the staleness bound, never train a prompt twice (the checkpoint's
 ledger), leave no engine process of the dead actor behind, and the restarted actor must generate:
 its shard's prompts are trained again, at steps its predecessor could not have fed within the bound.
+A few steps later the buffer process (found in the run's processes.json) is SIGKILLed too: the driver
+restarts it from its latest snapshot (taken every 2 s here), the actors reconnect, `buffer/restarts`
+counts it, and the ledger still shows every trained prompt exactly once.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -53,7 +58,7 @@ def _wait_for_text(log, pattern: str, proc: subprocess.Popen, timeout_s: float) 
 def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path, model_cache):
     out, log = tmp_path / "crash", tmp_path / "crash.log"
     cmd = command(out, model_cache, "--algo", "rloo", "--actors", "2", "--steps", str(STEPS),
-                  "--max-staleness", str(K))
+                  "--max-staleness", str(K), "--set", "buffer.snapshot_every_s=2")
     with open(log, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, RAY_DEDUP_LOGS="1"))
@@ -77,6 +82,14 @@ def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path
         while time.monotonic() < deadline and any(alive(p) for p in engine):
             time.sleep(0.5)
         assert not any(alive(p) for p in engine), f"engine processes of the dead actor left behind: {engine}"
+
+        wait_for_trained_rows(out, int(m.group(1)) + 4, proc, log)
+        roles = json.loads((out / "processes.json").read_text())
+        assert roles["actor/0"]["pid"] != victim and roles["actor/1"]["pid"] == pids[1]  # rewritten on restart
+        buffer_pid = roles["buffer"]["pid"]
+        os.kill(buffer_pid, signal.SIGKILL)
+        b = _wait_for_text(log, r"\[buffer\] restarted as pid (\d+) in \d+s: (\d+) groups restored", proc, 120)
+        assert int(b.group(1)) != buffer_pid
         proc.wait(timeout=400)
     finally:
         if proc.poll() is None:
@@ -90,7 +103,7 @@ def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path
     train_rows = check_run(out, STEPS, K, "loss/pg")  # every step, none above the staleness bound
     assert_keys_documented(out)
     assert_weights_changed(out, STEPS, model_cache)
-    assert train_rows[-1]["actors/restarts"] >= 1
+    assert train_rows[-1]["actors/restarts"] >= 1 and train_rows[-1]["buffer/restarts"] == 1
     restart_step = next(r["step"] for r in train_rows if r["actors/restarts"] >= 1)
     assert int(m.group(1)) <= restart_step
 

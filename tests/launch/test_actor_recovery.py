@@ -6,6 +6,8 @@ the next version's push starts only after the previous one has landed."""
 
 from __future__ import annotations
 
+import json
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -15,12 +17,15 @@ from buffer.process import start_buffer_process
 from configs.schema import RunConfig
 from launch.driver import Driver
 from tests.buffer.helpers import make_group
+from weightsync.protocol import WeightSyncError
 
 
 class StandInGraph:
     """Answers like `launch.processes.ProcessGraph` for two actors and records what the driver asks."""
 
-    def __init__(self):
+    def __init__(self, buffer: str):
+        self.buffer, self.last_words = buffer, {}
+        self.delivered: dict[int, list] = {}  # actor -> [(wall time, key)] the buffer acknowledged
         self.actors, self.pids, self.restarts = [object(), object()], [100, 101], 0
         self.calls: list[tuple] = []
         self.dead: dict[int, str] = {}
@@ -48,11 +53,29 @@ class StandInGraph:
         self.calls.append(("push", version))
         return {"gbps": 1.0}
 
-    def restart_actors(self, plans, version):
+    def kill_actors(self, ids):
+        self.calls.append(("kill", sorted(ids)))
+        for i in ids:  # an actor declared dead by a slow health check delivers its last group as it dies
+            for epoch, prompt in self.last_words.pop(i, []):
+                with BufferClient(self.buffer, f"actor-{i}") as dying:
+                    assert dying.push_group(make_group(f"last-{prompt}", prompt_index=prompt,
+                                                       meta={"epoch": epoch})).accepted
+
+    def replace_actors(self, plans, version):
         self.calls.append(("restart", plans, version))
         for i in plans:
             self.pids[i] += 10
         self.restarts += len(plans)
+
+    def delivered_since(self, wall_time):
+        self.calls.append(("delivered_since", wall_time))
+        return {i: [k for t, k in keys if t >= wall_time] for i, keys in self.delivered.items()}
+
+    def requeue(self, keys_by_actor):
+        self.calls.append(("requeue", keys_by_actor))
+
+    def where(self):
+        return {f"actor/{i}": {"pid": pid, "host": "here"} for i, pid in enumerate(self.pids)}
 
     def connect_weight_sync(self):
         self.calls.append(("connect",))
@@ -73,7 +96,7 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
     with BufferClient(buffer, "actor-1") as dead_actor:  # before it died, actor 1 ...
         assert dead_actor.request_credit(2, 0).granted == 2
         assert dead_actor.push_group(make_group("a1-1", prompt_index=5, meta={"epoch": 0})).accepted  # delivered (0, 5)
-    graph, said = StandInGraph(), []
+    graph, said = StandInGraph(buffer), []
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=said.append))
     try:
@@ -85,8 +108,8 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
 
         assert driver._sync_weights() == {}  # the push in flight failed: the restart re-synced version 1
 
-        finish, (_, plans, version), *rest = graph.calls
-        assert finish == ("finish",) and version == 1 and list(plans) == [1]
+        finish, kill, (_, plans, version), *rest = graph.calls
+        assert finish == ("finish",) and kill == ("kill", [1]) and version == 1 and list(plans) == [1]
         # new group, a push that waits for every actor, and only then generate; no second push of version 1
         assert rest == [("connect",), ("push", 1), ("rollouts", [1])]
         plan = plans[1]
@@ -112,14 +135,62 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
 
 
 def test_an_actor_dead_before_its_first_report_restarts_its_shard_from_the_top(buffer, tmp_path):
-    graph = StandInGraph()
+    graph = StandInGraph(buffer)
     graph.dead = {0: "its vLLM engine died"}
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
         driver.ledger.record(0, [(0, 2)])
         assert driver._check_actors() == {0: "its vLLM engine died"}
-        (_, plans, _), *_ = graph.calls
+        kill, (_, plans, _), *_ = graph.calls
+        assert kill == ("kill", [0])  # stopped before its successor's plan is made
         assert plans == {0: {"skip": [(0, 2)]}}  # fresh cursor, minus what was trained or is held
+        assert json.loads((tmp_path / "processes.json").read_text())["actor/0"] == {"pid": 110, "host": "here"}
     finally:
         driver.client.close()
+
+
+def test_an_actor_declared_dead_is_killed_before_its_successor_plan_is_made(buffer, tmp_path):
+    """The restart race: a health check that timed out declares actor 1 dead while it still runs, and it
+    delivers prompt (0, 7) before it dies. Planned before the kill (the old order), (0, 7) was both
+    re-queued and held by the buffer: generated again and trained twice. Killed first, the plan sees
+    it held, so it is skipped."""
+    graph = StandInGraph(buffer)
+    graph.last_words = {1: [(0, 7)]}
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+    try:
+        assert driver._check_actors() == {}  # its report lists (0, 3), (0, 5), (0, 7) as unfinished
+        graph.dead = {1: "no answer within 30s"}
+        driver._check_actors()
+        plan = graph.calls[1][1][1]
+        assert (0, 7) in plan["skip"] and (0, 7) not in plan["requeue"]
+        assert plan["requeue"] == [(0, 3), (0, 5)]
+    finally:
+        driver.client.close()
+
+
+def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
+    """The health check finds every actor alive, but the push names actor 0 (it never acknowledged):
+    the error crosses Ray pickled, and the driver treats actor 0 as dead."""
+    err = WeightSyncError("weight push #4 failed: no acknowledgement of version 2 within 60 s",
+                          failed_ranks={1: "stuck"}, suspects={"actor-0": "no acknowledgement within 60 s"})
+    err = pickle.loads(pickle.dumps(err))  # what Ray does between the learner rank and the driver
+    assert err.suspects == {"actor-0": "no acknowledgement within 60 s"} and err.failed_ranks == {1: "stuck"}
+
+    graph = StandInGraph(buffer)
+    graph.finish_push = lambda: _raise(err)
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+    try:
+        driver.version = 2
+        assert driver._sync_weights() == {}
+        kill, (_, plans, version), *rest = graph.calls
+        assert kill == ("kill", [0]) and list(plans) == [0] and version == 2
+        assert rest == [("connect",), ("push", 2), ("rollouts", [0])]
+    finally:
+        driver.client.close()
+
+
+def _raise(err):
+    raise err

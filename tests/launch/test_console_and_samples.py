@@ -171,3 +171,27 @@ def test_eval_arguments_are_checked_before_anything_starts(tmp_path, capsys):
                                                  "--set", "reward.fn=math_verify"]))
     assert cfg.model.path == str(model) and cfg.data.path == str(data) and cfg.data.task == "file"
     assert cfg.reward.fn == "math_verify"
+
+
+def test_wandb_offline_gets_the_same_scalars_as_tensorboard(tmp_path, monkeypatch):
+    """logging.wandb: the metrics rows' scalars go to a W&B run (offline here: files under run_dir/wandb)
+    whose id is kept in run_dir/wandb_id, so a resumed run continues it."""
+    pytest.importorskip("wandb")
+    from configs.schema import RunConfig
+    from launch.metrics import wandb_init
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = RunConfig(logging={"wandb": True, "wandb_project": "test-project"})
+    init = wandb_init(cfg, tmp_path)
+    assert init["id"] == (tmp_path / "wandb_id").read_text() and init["dir"] == str(tmp_path)
+    assert wandb_init(cfg, tmp_path)["id"] == init["id"]  # a resume continues the same W&B run
+    assert wandb_init(RunConfig(), tmp_path) is None  # off by default
+    w = MetricsWriter(tmp_path, tensorboard=False, wandb=init)
+    w.write(1, {"reward/mean_xyz": 0.25, "eval/accuracy": None, "text/not_a_scalar": "words"})
+    w.write(2, {"reward/mean_xyz": 0.5})
+    w.close()
+    # the offline run's record log (protobuf records in a block log; keys and JSON values are stored as is)
+    (log,) = tmp_path.glob(f"wandb/offline-run-*-{init['id']}/run-{init['id']}.wandb")
+    data = log.read_bytes()
+    assert data.count(b"reward/mean_xyz") >= 2 and b"text/not_a_scalar" not in data

@@ -70,7 +70,7 @@ async def main(args: argparse.Namespace) -> None:
     from weightsync.receiver import WeightReceiver, engine_args_kwargs
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=args.model, dtype=args.dtype, max_model_len=512, enforce_eager=True, seed=0,
+        model=args.model, dtype=args.dtype, max_model_len=2048, enforce_eager=True, seed=0,
         worker_extension_cls=PROBE, **engine_args_kwargs()))
     token = (await asyncio.to_thread(sys.stdin.readline)).strip()
     rx = WeightReceiver(engine, args.host, args.port, token=token, name=args.name, initial_version=0)

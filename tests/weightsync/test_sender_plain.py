@@ -80,6 +80,7 @@ def test_receiver_lost_mid_push_fails_within_deadline(procs, sig):
     assert elapsed < TIMEOUT_S + MARGIN_S
     assert f"rank {victim}" in str(err.value) and "rx-victim" in str(err.value)
     assert "no heartbeat" in err.value.failed_ranks[victim]
+    assert "no heartbeat" in err.value.suspects["rx-victim"]  # by name: what the driver restarts
     with pytest.raises(WeightSyncError, match="unusable"):
         sender.push(_weights(1), version=2)
 

@@ -30,6 +30,7 @@ TIMEOUT_S = 10.0
 BF16 = torch.bfloat16
 BF16_LOGPROB_TOL = 0.05  # engine (bf16 weights and compute) vs the HF model in fp32
 TOKEN = "5e" * 32  # the run's weight-sync token, handed to the actor on its stdin
+MAX_MODEL_LEN = 2048  # room for a request long enough (~2 s) that a push lands inside it on a busy machine
 IDS = [1, 5] + [7 + (i * 37) % 90 for i in range(60)]  # <s><|user|> then printable characters
 
 
@@ -137,7 +138,7 @@ def rig(tmp_path_factory):
 
     from tasks.tiny_model import build_tiny_model
 
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("ws") / "tiny")
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("ws") / "tiny", max_position_embeddings=MAX_MODEL_LEN)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     sender = new_sender(connect_timeout_s=300)
     log = open(tmp_path_factory.getbasetemp() / "actor.log", "wb")  # noqa: SIM115
@@ -202,13 +203,13 @@ def test_sync_makes_engine_match_new_learner_weights(rig, tmp_path):
 
 def test_in_flight_request_survives_a_sync(rig):
     """A request generating while a push arrives pauses (keep), resumes on the new weights and finishes.
-    The payload is prepared before the request starts: on 2 cores busy with decoding, preparing it
-    after took up to 0.55 s, longer than the whole request (400 tokens in ~0.45 s), so the pause came
-    too late. On a loaded machine the push can also win the race against the request's first decoding
+    The payload is prepared before the request starts, and the request is long (2000 tokens, ~2 s): on
+    2 busy cores preparing a push took up to 0.55 s and announcing it up to 0.5 s more, longer than a
+    400-token request, so the pause came after it. On a loaded machine the push can also win the race against the request's first decoding
     steps (no chunk stamped before the pause): the scenario is then tried again, up to 3 times (each
     push is labelled version 2, which the later tests build on)."""
     sender, actor, model = rig
-    max_tokens = 480  # the engine's max_model_len is 512; the prompt takes 8
+    max_tokens = MAX_MODEL_LEN - 48  # the prompt takes 8
     version = 2
     for _attempt in range(3):
         with torch.no_grad():

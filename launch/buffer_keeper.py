@@ -1,0 +1,111 @@
+"""The run's buffer service process: started, snapshotted, and restarted when it dies.
+
+The driver owns the buffer (a spawned child of the driver's process, `buffer.process`). Its state is
+written to `run_dir/buffer/snapshot.msgpack` every `buffer.snapshot_every_s` and into every checkpoint;
+the keeper remembers the latest of these and when it was taken.
+
+When the process dies, `restart` starts a new one on the same address (same port, same CURVE keys), so
+the actors' links reconnect by themselves and re-push every group the dead one had not acknowledged.
+Before it serves anyone the new process loads the latest snapshot minus the groups trained since
+(`exclude`, the ledger's keys): those were pulled after the snapshot and must not be served again.
+
+What the snapshot cannot hold: groups the dead buffer acknowledged after it was taken and the learner
+never pulled. Their prompts are found with `lost_prompts` and generated again by their actors:
+
+    lost = delivered since the snapshot  -  trained  -  held by the new buffer
+
+"delivered since" is each actor's record of acknowledged groups (`AsyncActor.delivered_since`), read
+*before* what the new buffer holds, so a group re-pushed to the new buffer in between is seen as held,
+never as lost. A group the dead buffer dropped (stale, filtered) is also in `lost`: its prompt is
+generated once more, which costs a rollout but can neither lose a prompt nor train one twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+Key = tuple[int, int]
+
+
+def lost_prompts(delivered: Iterable, trained: Iterable, held: Iterable) -> list[Key]:
+    """Keys delivered to a dead buffer that were neither trained nor are held by its successor, in
+    the order delivered (see the module docstring)."""
+    gone = {tuple(k) for k in trained} | {tuple(k) for k in held}
+    out, seen = [], set()
+    for k in map(tuple, delivered):
+        if k not in gone and k not in seen:
+            seen.add(k)
+            out.append((int(k[0]), int(k[1])))
+    return out
+
+
+class BufferKeeper:
+    """Starts the buffer service and restarts it from the latest snapshot when it died.
+
+    ``cfg``: the run config; ``advertise_host``: the driver node's IP on a cluster (None on one
+    machine); ``secrets``: the run's full ``RunSecrets``; ``run_dir``: where timer snapshots go."""
+
+    def __init__(self, cfg, run_dir: Path, *, advertise_host: str | None = None, secrets=None):
+        self.cfg, self.advertise_host, self.secrets = cfg, advertise_host, secrets
+        self.snapshot_path = run_dir / "buffer" / "snapshot.msgpack"
+        self.proc = None
+        self.address: str | None = None
+        self.restarts = 0
+        self.latest: tuple[Path, float] | None = None  # (snapshot, wall time just before it was taken)
+        self._last_timer = time.monotonic()
+
+    def start(self, restore: tuple[str, list] | None = None) -> str:
+        from buffer.process import start_buffer_process
+
+        port = {} if self.address is None else {"port": int(self.address.rsplit(":", 1)[1])}
+        self.proc, address = start_buffer_process(self.cfg, advertise_host=self.advertise_host, secrets=self.secrets,
+                                                  restore=restore, **port)
+        if self.address is not None and address != self.address:
+            raise RuntimeError(f"the restarted buffer serves at {address}, not at {self.address}")
+        self.address = address
+        return address
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def death(self) -> str | None:
+        """Why the buffer process is gone (None while it runs)."""
+        if self.proc is None or self.proc.is_alive():
+            return None
+        return f"exit code {self.proc.exitcode}"
+
+    def taken(self, path: Path, wall_time: float) -> None:
+        """Record a snapshot written to `path` (a checkpoint's), begun at `wall_time` (time.time())."""
+        self.latest = (Path(path), wall_time)
+
+    def maybe_snapshot(self, client) -> bool:
+        """Take the timer's snapshot through `client` when `buffer.snapshot_every_s` has passed since
+        the last one (never when it is 0); True when one was taken."""
+        every = self.cfg.buffer.snapshot_every_s
+        if not every or time.monotonic() - self._last_timer < every:
+            return False
+        began = time.time()
+        client.snapshot(str(self.snapshot_path))
+        self._last_timer = time.monotonic()
+        self.taken(self.snapshot_path, began)
+        return True
+
+    def restart(self, trained: Iterable) -> dict:
+        """Start a new buffer process at the same address from the latest snapshot, without the groups
+        of `trained` keys. Returns {"snapshot", "since", "restored": {version, groups, excluded, demos}}
+        ("snapshot" None: there was none yet, the new buffer starts empty)."""
+        if self.proc is not None:
+            self.proc.join(timeout=5)
+        restore = None if self.latest is None else (str(self.latest[0]), [list(k) for k in trained])
+        self.start(restore)
+        self.restarts += 1
+        return {"snapshot": None if self.latest is None else str(self.latest[0]),
+                "since": 0.0 if self.latest is None else self.latest[1], "restored": self.proc.restored}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.join(timeout=10)

@@ -1,0 +1,81 @@
+"""A buffer process that dies is restarted by the driver (`launch.buffer_keeper`): at the same address,
+from its latest snapshot minus what was trained since, with the prompts it lost re-queued to their
+actors. Real buffer processes, killed with SIGKILL; the process graph is the stand-in of
+`test_actor_recovery` (the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from types import SimpleNamespace
+
+from buffer.client import BufferClient
+from configs.schema import RunConfig
+from launch.buffer_keeper import BufferKeeper, lost_prompts
+from launch.driver import Driver
+from tests.buffer.helpers import make_group
+from tests.launch.test_actor_recovery import StandInGraph
+
+
+def test_lost_prompts_are_delivered_minus_trained_minus_held_once_each_in_order():
+    delivered = [(0, 1), (0, 2), (0, 3), (0, 2), (1, 4)]
+    trained = {(0, 1): 3}  # the ledger: key -> step
+    held = [[0, 3]]  # as the buffer's stats list them
+    # (0, 1) trained, (0, 3) held by the new buffer, (0, 2) delivered twice is re-queued once
+    assert lost_prompts(delivered, trained, held) == [(0, 2), (1, 4)]
+    assert lost_prompts([], trained, held) == []
+
+
+def _push(client: BufferClient, prompt: int) -> None:
+    assert client.push_group(make_group(f"g{prompt}", prompt_index=prompt, meta={"epoch": 0})).accepted
+
+
+def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and_its_losses_requeued(tmp_path):
+    cfg = RunConfig(buffer={"max_staleness": 1, "snapshot_every_s": 0.01}, learner={"batch_prompts": 2})
+    keeper = BufferKeeper(cfg, tmp_path)
+    address = keeper.start()
+    graph, said = StandInGraph(address), []
+    driver = Driver(cfg, graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, address,
+                    SimpleNamespace(message=said.append), keeper=keeper)
+    actor = BufferClient(address, "actor-0", timeout_s=5.0)
+    try:
+        for p in (1, 2, 3):
+            _push(actor, p)
+        time.sleep(0.02)
+        assert driver._to_buffer(keeper.maybe_snapshot)  # holds prompts 1, 2, 3
+        snap = tmp_path / "buffer" / "snapshot.msgpack"
+        assert keeper.latest[0] == snap
+        since = keeper.latest[1]
+        batch = driver._pull()[0]  # FIFO: 1 and 2, trained at step 0
+        driver.ledger.record(0, [(0, g.prompt_index) for g in batch])
+        _push(actor, 4)  # acknowledged after the snapshot: only the dead buffer will have had it
+        graph.delivered = {0: [(since - 5, (0, 1)), (since + 1, (0, 4))], 1: []}
+        driver.version = 1
+        driver.write_processes()
+        assert json.loads((tmp_path / "processes.json").read_text())["buffer"]["pid"] == keeper.pid
+
+        old_pid = keeper.pid
+        os.kill(old_pid, signal.SIGKILL)
+        keeper.proc.join(10)
+        assert driver._check_buffer()  # what the loop does before every pull
+
+        assert keeper.restarts == 1 and keeper.pid != old_pid and keeper.address == address
+        assert not driver._check_buffer()  # alive: nothing to do
+        assert driver.client.stats()["held_prompts"] == [[0, 3]]  # the snapshot, minus prompts 1 and 2 trained
+        # (0, 1) was delivered before the snapshot; (0, 4) after it, and only the dead buffer had it
+        assert graph.calls[-2:] == [("delivered_since", since), ("requeue", {0: [(0, 4)], 1: []})]
+        assert f"[buffer] the buffer process (pid {old_pid}) died (exit code -9); restarting it" in said
+        assert re.fullmatch(rf"\[buffer\] restarted as pid {keeper.pid} in \d+s: 1 groups restored from {snap} "
+                            r"\(2 trained since then left out\); 1 prompts it had lost re-queued", said[-1]), said[-1]
+        assert json.loads((tmp_path / "processes.json").read_text())["buffer"]["pid"] == keeper.pid
+
+        _push(actor, 5)  # the actor's own client reconnects to the new process by itself
+        assert [g.prompt_index for g in driver._pull()[0]] == [3, 5]
+        assert driver.client.stats()["version"] == 1
+    finally:
+        actor.close()
+        driver.client.close()
+        keeper.stop()

@@ -1,0 +1,80 @@
+"""How the driver sees its roles' health, with real Ray and real processes killed; the roles are
+stand-ins with the roles' method names (whole learners and engines would only make the tests slower).
+
+- A learner rank whose process dies ends the run with one message naming the rank, its process and
+  how to read its log (`launch.processes.LearnerDied`); the launcher then prints the --resume command
+  (`launch.train.after_run`).
+- The actors' health check asks every actor at once, under one deadline (`ray.wait`): a dead, a
+  stuck and an engine-dead actor are told apart from the live one."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from launch.processes import LearnerDied, ProcessGraph
+from launch.roles import where
+from launch.train import after_run
+
+
+class Rank:
+    def where(self) -> dict:
+        return where()
+
+    def step(self, groups, version: int) -> dict:
+        return {"groups": len(groups), "version": version}
+
+
+class Actor:
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def stats(self) -> dict:
+        if self.mode == "stuck":
+            time.sleep(60)
+        return {"engine_dead": self.mode == "engine_dead", "pid": os.getpid()}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def test_a_dead_learner_rank_stops_the_run_with_one_message_naming_it(ray_local, tmp_path):
+    graph = ProcessGraph.__new__(ProcessGraph)  # only what the learner calls use
+    graph.serial, graph._ray, graph.actors, graph._where = False, ray_local, [], {}
+    graph.ranks = [ray_local.remote(Rank).options(num_cpus=0).remote()]
+    assert graph.step([1, 2, 3], 4) == {"groups": 3, "version": 4}  # the batch travels as one object
+    pid = graph.where()["learner/0"]["pid"]
+
+    os.kill(pid, 9)
+    with pytest.raises(LearnerDied) as e:
+        graph.step([1], 5)
+    msg = str(e.value)
+    assert re.fullmatch(rf"learner rank 0 \(pid {pid} on \S+; its log: `ray logs actor --id [0-9a-f]+`\) died "
+                        r"\(\w+: .+\)", msg), msg
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_2" / "COMMITTED").write_text("")
+    assert after_run(1, tmp_path) == (f"[stop] the run failed (exit status 1); continue from step 2 once the "
+                                      f"cause is fixed: algo-train --resume {tmp_path}")
+
+
+def test_the_health_check_asks_every_actor_at_once(ray_local):
+    graph = ProcessGraph.__new__(ProcessGraph)
+    graph.serial, graph._ray = False, ray_local
+    modes = ["ok", "stuck", "dead", "engine_dead"]
+    graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote(m) for m in modes]
+    pid = ray_local.get(graph.actors[2].stats.remote())["pid"]
+    os.kill(pid, 9)
+    stats, dead = graph.actor_stats(timeout_s=3)
+    assert list(stats) == [0] and dead == {1: "no answer within 3s", 2: "process gone: ActorDiedError",
+                                           3: "its vLLM engine died"}
+    for a in graph.actors:
+        ray_local.kill(a)
