@@ -42,7 +42,8 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
                          log=progress.message)
     secrets = RunSecrets.generate()  # this run's keys: handed to its processes, never written anywhere
     cluster = cfg.ray_address is not None  # resolved at launch (launch.cluster): loopback on one machine
-    graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message)
+    graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message,
+                         log_dir=None if cfg.logging.verbose else run_dir / "logs")
     keeper = None
     try:
         if not cfg.serial:  # every other node sees the run folder, the model and the data, or the run stops here

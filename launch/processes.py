@@ -26,7 +26,7 @@ import algos
 from configs.schema import RunConfig
 from launch.data import RunData
 from launch.ledger import Key
-from launch.roles import ActorRole, LearnerRank
+from launch.roles import LOG_FILE_ENV, ActorRole, LearnerRank
 
 
 class _Local:
@@ -46,16 +46,31 @@ class _Local:
         return _M
 
 
+def last_lines(path: Path, n: int) -> list[str]:
+    """The last `n` non-empty lines of a text file (none when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if line.strip()][-n:]
+
+
 class LearnerDied(RuntimeError):
     """A learner rank's process is gone: the run cannot go on without it (the message names the rank,
     its process and how to read its log)."""
 
 
 class ProcessGraph:
-    def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print):
+    def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print,
+                 log_dir: Path | None = None):
         """secrets: the run's client credentials (`RunSecrets.public()`) handed to every actor; the
-        buffer's address is set once the buffer runs (`buffer_address`)."""
+        buffer's address is set once the buffer runs (`buffer_address`). log_dir: where each Ray role
+        writes its output (`<role>.log`, `launch.roles.to_log_file`); None = Ray forwards it to the
+        terminal (logging.verbose)."""
         self.cfg, self.model_dir, self.data, self.secrets, self.log = cfg, model_dir, data, secrets, log
+        self.log_dir = None if cfg.serial else log_dir
         self.buffer_address: str | None = None
         self.serial = cfg.serial
         self.ranks: list = []
@@ -93,8 +108,12 @@ class ProcessGraph:
             return futures
         return self._ray.get(futures, timeout=timeout)
 
+    def log_file(self, role: str) -> Path | None:
+        """The file role `role` ("learner-0", "actor-1") writes its output to (None: the terminal)."""
+        return None if self.log_dir is None else self.log_dir / f"{role}.log"
+
     def _make(self, cls, *, num_cpus: float, num_gpus: float, max_concurrency: int, env: dict | None = None,
-              bundle: int = -1):
+              bundle: int = -1, role: str = ""):
         """Constructor of `cls` as a Ray actor in bundle `bundle` (-1 = any free one) of its placement
         group (learner ranks: "learner", actors: "actors"), or a plain object with --serial."""
         if self.serial:
@@ -104,6 +123,9 @@ class ProcessGraph:
                 "scheduling_strategy": self.placement.strategy(group, bundle)}
         if section.custom_resources:
             opts["resources"] = dict(section.custom_resources)
+        env = dict(env or {})
+        if self.log_file(role) is not None:
+            env[LOG_FILE_ENV] = str(self.log_file(role))
         if env:
             opts["runtime_env"] = {"env_vars": env}
         return self._ray.remote(cls).options(**opts).remote
@@ -116,10 +138,13 @@ class ProcessGraph:
         `weight_sync_token` (`RunSecrets.weight_sync_token`) is kept for `connect_weight_sync`."""
         lc, w = self.cfg.learner, self.cfg.learner.world_size
         self._weight_sync_token = weight_sync_token
-        make = self._make(LearnerRank, num_cpus=lc.cpus_per_rank, num_gpus=lc.gpus_per_rank, max_concurrency=2)
-        first = make(self.cfg, 0, w, str(self.model_dir), rank_cores[0], cluster)
+        def make(r: int):
+            return self._make(LearnerRank, num_cpus=lc.cpus_per_rank, num_gpus=lc.gpus_per_rank, max_concurrency=2,
+                              role=f"learner-{r}")
+
+        first = make(0)(self.cfg, 0, w, str(self.model_dir), rank_cores[0], cluster)
         rendezvous = self._get(first.rendezvous.remote())
-        self.ranks = [first] + [make(self.cfg, r, w, str(self.model_dir), rank_cores[r], cluster, rendezvous)
+        self.ranks = [first] + [make(r)(self.cfg, r, w, str(self.model_dir), rank_cores[r], cluster, rendezvous)
                                 for r in range(1, w)]
 
     def _on_ranks(self, futures):
@@ -132,16 +157,21 @@ class ProcessGraph:
             raise LearnerDied(self._dead_ranks(e)) from None
 
     def _dead_ranks(self, error: BaseException) -> str:
-        dead = []
+        """Which ranks died, their processes, where their logs are and the last lines of those."""
+        dead, tails = [], []
         for r, h in enumerate(self.ranks):
             try:
                 self._ray.get(h.where.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - gone, or not answering: either way it cannot train
-                was = self._where.get(f"learner/{r}", {})
+                was, log = self._where.get(f"learner/{r}", {}), self.log_file(f"learner-{r}")
                 dead.append(f"learner rank {r} (pid {was.get('pid', '?')} on {was.get('host', '?')}; its log: "
-                            f"`ray logs actor --id {h._actor_id.hex()}`)")
+                            f"{log or f'`ray logs actor --id {h._actor_id.hex()}`'})")
+                tail = last_lines(log, 5) if log is not None else []
+                if tail:
+                    tails.append(f"  the last lines of {log}:\n" + "\n".join(f"    {line}" for line in tail))
         cause = str(error).strip().splitlines()[0][:200]
-        return f"{', '.join(dead) or 'a learner rank'} died ({type(error).__name__}: {cause})"
+        return "\n".join([f"{', '.join(dead) or 'a learner rank'} died ({type(error).__name__}: {cause}); "
+                          "the run stops", *tails])
 
     def step(self, groups, version: int) -> dict:
         batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
@@ -185,7 +215,7 @@ class ProcessGraph:
         if self.serial:  # the engine processes inherit this process's environment
             os.environ.update(env)
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
-                          env=env, bundle=i)
+                          env=env, bundle=i, role=f"actor-{i}")
         return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, self.actor_cores[i],
                     version, [list(k) for k in skip], cursor, [list(k) for k in requeue], self.secrets)
 

@@ -39,6 +39,28 @@ def where() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
+LOG_FILE_ENV = "IMPALA_ROLE_LOG"  # set by `launch.processes` for each Ray role: its run_dir/logs/<role>.log
+
+
+def to_log_file() -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, which its children, vLLM's
+    engine processes, inherit) to the file named by $IMPALA_ROLE_LOG, appended; no-op when unset
+    (logging.verbose, --serial). Other programs' warnings and progress bars then land in
+    run_dir/logs/ instead of the terminal (Ray forwards what a worker writes to Ray's own files)."""
+    path = os.environ.get(LOG_FILE_ENV)
+    if not path:
+        return
+    import sys
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def pin_to_cores(cores: list[int] | None) -> None:
     """Restrict this process (and torch's intra-op pool) to `cores` (no-op when None)."""
     if not cores:
@@ -63,6 +85,7 @@ class LearnerRank:
 
     def __init__(self, cfg, rank: int, world_size: int, model_dir: str, cores: list[int] | None = None,
                  cluster: bool = False, rendezvous: str | None = None):
+        to_log_file()
         pin_to_cores(cores)
         import transformers
 
@@ -179,6 +202,7 @@ class ActorRole:
         """skip: (epoch, prompt) pairs never to generate (trained, or held by the buffer); cursor and
         requeue: where a crashed predecessor's shard resumes (`actors.prompts` module docstring);
         secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
+        to_log_file()
         if cores:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.rollout.kv_cache_gib))))

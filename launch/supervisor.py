@@ -79,7 +79,7 @@ def _child(spec: str, run_dir: str) -> int:
         return 2
     except LearnerDied as e:  # the launcher prints the --resume command next
         progress.close()
-        print(f"[learner] {e}; the run stops", file=sys.stderr)
+        print(f"[learner] {e}", file=sys.stderr)
         return 1
 
 

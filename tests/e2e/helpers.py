@@ -148,3 +148,13 @@ def wait_for_trained_rows(run: Path, n: int, proc: subprocess.Popen, log: Path, 
         time.sleep(0.2)
     text = log.read_text() if log.exists() else ""
     raise AssertionError(f"the run did not train {n} steps (exit {proc.poll()}):\n{text[-4000:]}")
+
+
+OWN_LINE = re.compile(r"(\[[a-z]+\] |step \d+/\d+ |algo-train: | )")  # our tags, the progress line, continuations
+
+
+def assert_quiet_console(text: str) -> None:
+    """The run's terminal carries our own messages only: no other program's warnings, log lines or
+    progress bars (Triton, Ray, transformers, tqdm, FutureWarning ...; they go to run_dir/logs/)."""
+    noise = [line for line in text.splitlines() if line.strip() and not OWN_LINE.match(line)]
+    assert not noise, "other programs' output on the terminal:\n" + "\n".join(noise[:20])

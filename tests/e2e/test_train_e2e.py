@@ -23,6 +23,7 @@ import time
 import pytest
 
 from tests.e2e.helpers import (
+    assert_quiet_console,
     assert_weights_changed_from,
     check_run,
     command,
@@ -60,6 +61,7 @@ def check_user_run(out, log: str, assets: RealAssets, steps: int) -> None:
     """MATH-500 was read in its own layout, every reward call of math-verify succeeded, and samples.jsonl
     holds one decoded sample of each step, of a MATH-500 problem with its answer."""
     assert "layout problem/answer/solution" in log, log[-3000:]
+    assert_quiet_console(log)
     assert "a reward call failed" not in log, log[-3000:]
     for r in trained_rows(out):
         assert r["reward/errors"] == 0 and r["reward/timeouts"] == 0, r

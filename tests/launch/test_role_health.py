@@ -49,7 +49,7 @@ def ray_local():
 
 def test_a_dead_learner_rank_stops_the_run_with_one_message_naming_it(ray_local, tmp_path):
     graph = ProcessGraph.__new__(ProcessGraph)  # only what the learner calls use
-    graph.serial, graph._ray, graph.actors, graph._where = False, ray_local, [], {}
+    graph.serial, graph._ray, graph.actors, graph._where, graph.log_dir = False, ray_local, [], {}, None
     graph.ranks = [ray_local.remote(Rank).options(num_cpus=0).remote()]
     assert graph.step([1, 2, 3], 4) == {"groups": 3, "version": 4}  # the batch travels as one object
     pid = graph.where()["learner/0"]["pid"]
@@ -59,7 +59,17 @@ def test_a_dead_learner_rank_stops_the_run_with_one_message_naming_it(ray_local,
         graph.step([1], 5)
     msg = str(e.value)
     assert re.fullmatch(rf"learner rank 0 \(pid {pid} on \S+; its log: `ray logs actor --id [0-9a-f]+`\) died "
-                        r"\(\w+: .+\)", msg), msg
+                        r"\(\w+: .+\); the run stops", msg), msg
+    graph.log_dir = tmp_path / "logs"  # where the rank's output went (launch.roles.to_log_file)
+    graph.log_dir.mkdir()
+    (graph.log_dir / "learner-0.log").write_text("".join(f"line {i}\n" for i in range(9)) + "\nRuntimeError: boom\n")
+    with pytest.raises(LearnerDied) as e:
+        graph.step([1], 5)
+    head, *tail = str(e.value).splitlines()
+    assert head.startswith(f"learner rank 0 (pid {pid} on ") and f"its log: {graph.log_dir / 'learner-0.log'})" in head
+    # the last 5 non-empty lines: 5 to 8 and the error (the blank line is skipped)
+    assert tail == [f"  the last lines of {graph.log_dir / 'learner-0.log'}:", "    line 5", "    line 6",
+                    "    line 7", "    line 8", "    RuntimeError: boom"]
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_2" / "COMMITTED").write_text("")
     assert after_run(1, tmp_path) == (f"[stop] the run failed (exit status 1); continue from step 2 once the "
