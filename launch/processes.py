@@ -333,7 +333,13 @@ class ProcessGraph:
         return self._where
 
     def evaluate(self, items) -> dict:
-        return self._get(self.actors[0].evaluate.remote(items))
+        """Held-out accuracy, the items spread over all actors (actor i scores items i, i + N, ...) and
+        the accuracies weighted by their counts."""
+        n = len(self.actors)
+        results = self._get([a.evaluate.remote(items[i::n]) for i, a in enumerate(self.actors) if items[i::n]])
+        total = sum(r["n"] for r in results)
+        return {"accuracy": sum(r["accuracy"] * r["n"] for r in results) / total if total else float("nan"),
+                "n": total}
 
     def stop_actors(self, drain: bool, timeout_s: float) -> None:
         self._get([a.stop.remote(drain, timeout_s) for a in self.actors])

@@ -5,7 +5,8 @@ stand-ins with the roles' method names (whole learners and engines would only ma
   how to read its log (`launch.processes.LearnerDied`); the launcher then prints the --resume command
   (`launch.train.after_run`).
 - The actors' health check asks every actor at once, under one deadline (`ray.wait`): a dead, a
-  stuck and an engine-dead actor are told apart from the live one."""
+  stuck and an engine-dead actor are told apart from the live one.
+- The held-out evaluation is spread over every actor."""
 
 from __future__ import annotations
 
@@ -88,3 +89,24 @@ def test_the_health_check_asks_every_actor_at_once(ray_local):
                                            3: "its vLLM engine died"}
     for a in graph.actors:
         ray_local.kill(a)
+
+
+class Scorer:
+    def __init__(self):
+        self.got = []
+
+    def evaluate(self, items) -> dict:
+        self.got = list(items)
+        return {"accuracy": sum(i % 2 for i in items) / len(items), "n": len(items)}
+
+
+def test_evaluation_is_spread_over_every_actor_and_weighted_by_counts():
+    from launch.processes import _Local
+
+    graph = ProcessGraph.__new__(ProcessGraph)
+    scorers = [Scorer() for _ in range(3)]
+    graph.serial, graph.actors = True, [_Local(s) for s in scorers]
+    # items 0..6: actor 0 scores 0, 3, 6 (1 odd of 3), actor 1 scores 1, 4 (1 of 2), actor 2 scores 2, 5 (1 of 2)
+    assert graph.evaluate(list(range(7))) == {"accuracy": 3 / 7, "n": 7}
+    assert [s.got for s in scorers] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert graph.evaluate([5]) == {"accuracy": 1.0, "n": 1}  # fewer items than actors: the others idle
