@@ -122,7 +122,10 @@ class Driver:
         extra = self.graph.load(ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.ledger = PromptLedger.from_state_dict(extra["ledger"])
+        began = time.time()
         self.client.restore(str(ckpt / extra["buffer_snapshot"]))
+        if self.keeper is not None:  # the buffer's state as of now, until the first timer snapshot
+            self.keeper.taken(ckpt / extra["buffer_snapshot"], began)
         self.client.set_version(self.version)
         held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
         self.progress.message(f"[resume] {ckpt}: step {self.step}, version {self.version}, "
