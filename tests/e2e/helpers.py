@@ -150,7 +150,8 @@ def wait_for_trained_rows(run: Path, n: int, proc: subprocess.Popen, log: Path, 
     raise AssertionError(f"the run did not train {n} steps (exit {proc.poll()}):\n{text[-4000:]}")
 
 
-OWN_LINE = re.compile(r"(\[[a-z]+\] |step \d+/\d+ |algo-train: | )")  # our tags, the progress line, continuations
+# our tags, the progress line (plain lines start with the time), our errors, continuation lines
+OWN_LINE = re.compile(r"(\[[a-z]+\] |(\d\d:\d\d:\d\d )?step \d+/\d+ |algo-train: | )")
 
 
 def assert_quiet_console(text: str) -> None:
