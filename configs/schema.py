@@ -574,6 +574,9 @@ class RunConfig(Section):
         60.0, gt=0, description="seconds Ray may take to place the learner ranks and the actors (placement "
                                 "groups); past it the run stops with what was asked and what each node has")
     resume: str | None = Field(None, description="run folder to resume from")
+    max_restarts: int = Field(
+        0, ge=0, description="times a run whose learner rank died resumes itself from its last checkpoint "
+                             "(0 = it stops and prints the --resume command)")
     resumed: list[ResumeRecord] = Field(
         [], description="each resume of this run: the step it resumed at and the keys it changed (written by "
                         "--resume; see launch.rundir.RESUME_SAFE for the keys a resume may change)")

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="ADDR", help="join an existing Ray cluster")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint, with its "
                                                    "config.yaml; --steps N trains it longer")
+    p.add_argument("--max-restarts", type=int, metavar="N",
+                   help="resume the run by itself from its last checkpoint, up to N times, when a learner rank dies")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show other programs' warnings and progress bars (logging.verbose)")
     p.add_argument("--dry-run", action="store_true", help="print the fully resolved config and exit")
@@ -80,6 +82,7 @@ def flags_from_args(args: argparse.Namespace) -> dict:
         "serial": args.serial,
         "ray_address": args.ray_address,
         "resume": args.resume,
+        "max_restarts": args.max_restarts,
     }
 
 

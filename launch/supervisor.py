@@ -20,6 +20,8 @@ from pathlib import Path
 
 from configs.schema import RunConfig
 
+LEARNER_DIED = 3  # exit status of a run stopped by a dead learner rank (`launch.processes.LearnerDied`)
+
 
 def supervise(cfg: RunConfig, run_dir: Path) -> int:
     spec = run_dir / ".run_config.json"
@@ -80,7 +82,7 @@ def _child(spec: str, run_dir: str) -> int:
     except LearnerDied as e:  # the launcher prints the --resume command next
         progress.close()
         print(f"[learner] {e}", file=sys.stderr)
-        return 1
+        return LEARNER_DIED
 
 
 if __name__ == "__main__":

@@ -111,9 +111,27 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None)
     from launch.supervisor import supervise
 
     status = supervise(cfg, run_dir)
+    status = restart_after_learner_deaths(status, cfg, run_dir, supervise, progress.message)
     after = after_run(status, run_dir)
     if after:
         print(after, file=sys.stderr)
+    return status
+
+
+def restart_after_learner_deaths(status: int, cfg: RunConfig, run_dir: Path, supervise, say) -> int:
+    """With `max_restarts` N, a run stopped by a dead learner rank (status LEARNER_DIED) resumes itself
+    from its last checkpoint, as `--resume run_dir` would, up to N times; returns the final status."""
+    from launch.rundir import plan_resume
+    from launch.supervisor import LEARNER_DIED
+
+    for k in range(1, cfg.max_restarts + 1):
+        step = checkpoint_step(run_dir)
+        if status != LEARNER_DIED or step is None:
+            break
+        say(f"[learner] restart {k} of {cfg.max_restarts}: resuming {run_dir} from step {step}")
+        plan = plan_resume(str(run_dir), None, None, {}, [], Path.cwd())
+        write_config(run_dir, plan.cfg)
+        status = supervise(plan.cfg, run_dir)
     return status
 
 

@@ -110,3 +110,4 @@ def test_evaluation_is_spread_over_every_actor_and_weighted_by_counts():
     assert graph.evaluate(list(range(7))) == {"accuracy": 3 / 7, "n": 7}
     assert [s.got for s in scorers] == [[0, 3, 6], [1, 4], [2, 5]]
     assert graph.evaluate([5]) == {"accuracy": 1.0, "n": 1}  # fewer items than actors: the others idle
+

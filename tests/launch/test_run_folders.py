@@ -184,6 +184,31 @@ def test_after_a_stop_the_exact_resume_command_is_printed(tmp_path):
     assert "before its first checkpoint; start it over: --output" in after_run(130, empty)
 
 
+def test_max_restarts_resumes_a_run_whose_learner_died_from_its_last_checkpoint(tmp_path):
+    """--max-restarts N: a run stopped by a dead learner rank resumes itself from its last checkpoint,
+    as --resume would, at most N times; any other stop is final."""
+    from launch.supervisor import LEARNER_DIED
+    from launch.train import restart_after_learner_deaths
+
+    run = tmp_path / "r"
+    make_run(run, 6)
+    cfg = resolve("grpo", flags={"max_restarts": 2})
+    said, runs = [], []
+
+    def supervise(cfg, run_dir, statuses=[LEARNER_DIED, LEARNER_DIED]):  # noqa: B006 - consumed by the calls
+        runs.append(cfg)
+        return statuses.pop(0)
+
+    assert restart_after_learner_deaths(LEARNER_DIED, cfg, run, supervise, said.append) == LEARNER_DIED
+    assert said == [f"[learner] restart 1 of 2: resuming {run} from step 6",
+                    f"[learner] restart 2 of 2: resuming {run} from step 6"]
+    assert [c.resume for c in runs] == [str(run)] * 2 and runs[0].resumed[-1].step == 6  # what --resume runs
+    assert "resumed:" in (run / "config.yaml").read_text()
+    assert restart_after_learner_deaths(1, cfg, run, supervise, said.append) == 1  # not a learner death
+    assert restart_after_learner_deaths(LEARNER_DIED, resolve("grpo"), run, supervise, said.append) == LEARNER_DIED
+    assert len(said) == 2  # max_restarts 0 (the default): no restart
+
+
 def test_quiet_console_environment(monkeypatch):
     from launch.train import QUIET_ENV, quiet_env
 
