@@ -157,7 +157,7 @@ def _driver(run_dir: Path, learner: Learner, keep: int) -> Driver:
     d.cfg, d.run_dir = make_cfg("grpo", learner={"keep_checkpoints": keep}), run_dir
     d.graph, d.client, d.ledger = _Graph(learner), _Buffer(), PromptLedger()
     d.version = d.step = 0
-    d.resumed_from = ()
+    d.resumed_from, d.keeper = (), None
     d.progress = type("Progress", (), {"message": staticmethod(lambda text: None)})()
     return d
 
