@@ -2,10 +2,16 @@
 
 Why credit before work: the buffer enforces `max_staleness` by admission. The actor asks for credit
 (`request_credit(want, actor_version)`) before it starts a prompt and starts at most as many prompts
-as it was granted; with 0 granted it backs off and asks again (after a weight update its version is
-newer and the buffer can grant again). So stale work is never started, rather than thrown away. A
-prompt's credit is spent by the push of its group; credit that ends up unused (stop, failed prompt)
-is released.
+as it was granted. So stale work is never started, rather than thrown away. A prompt's credit is spent
+by the push of its group; credit that ends up unused (stop, failed prompt) is released.
+
+Why a long poll on a second connection: the request waits in the buffer's queue (up to CREDIT_WAIT_S)
+until credit is free, and waiting actors share it fairly in arrival order (`buffer.admission`); an
+actor that polled with back-off would lose its turn to whoever asked last. It waits on its own
+connection (client id `actor-<i>#credit`, the same credit account) so finished groups never queue
+behind it. When the actor loads newer weights meanwhile it restates the request, keeping its turn
+(a request stated with old weights gets fewer units); on stop it cancels it. Only an answer of 0 that
+says the actor is too far behind (more than K versions) makes it wait, for its next weight update.
 
 Why `prompts_in_flight` prompts at once: the engine batches all running requests, so several groups
 in flight keep it busy while one group is being scored or pushed.
@@ -36,10 +42,13 @@ from actors.link import Backoff, BufferDown, BufferLink, Outbox
 from actors.luffy import plain_group_plan, plan_group
 from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
 from actors.weights import WeightUpdates
+from buffer.admission import CHANNEL, behind
 from buffer.records import Group
 from tasks.rewards import scorer_for
 
 logger = logging.getLogger(__name__)
+
+CREDIT_WAIT_S = 30.0  # longest wait of one credit request in the buffer's queue; then it is asked again
 
 DELIVERED_KEPT = 1 << 16  # acknowledged groups remembered for `delivered_since`
 
@@ -57,6 +66,8 @@ class AsyncActor(WeightUpdates):
         self.name = f"actor-{actor_id}"
         self.cursor = PromptCursor(shard(prompts, actor_id, self.num_actors), seed=cfg.seed, actor_id=actor_id)
         self.link = BufferLink(buffer_address, self.name, buffer_timeout_s, secrets=secrets)
+        self.credit_link = BufferLink(buffer_address, f"{self.name}{CHANNEL}credit", buffer_timeout_s, secrets=secrets)
+        self._weights_loaded = asyncio.Event()
         self.version = int(initial_version)
         self.learner_version: int | None = None
         self.luffy = algos.get(cfg.algo).needs_demonstrations  # LUFFY: demonstration-guided rows
@@ -136,6 +147,7 @@ class AsyncActor(WeightUpdates):
             shutdown_engine(self.engine)
         self.engine = None
         self.link.close()
+        self.credit_link.close()
 
     # ------------------------------------------------------------------ rollouts
     async def run(self, max_groups: int | None = None) -> int:
@@ -172,29 +184,72 @@ class AsyncActor(WeightUpdates):
                 want = width - len(self._tasks)
                 if max_groups is not None:
                     want = min(want, max_groups - started)
-                if not await self._ask_credit(want, backoff):
-                    continue
+                await self._ask_credit(want, backoff, stop_waiter)
+                continue  # (stopped meanwhile? then the credit is released, not spent)
             self._credits -= 1
             started += 1
             self._spawn(*self.cursor.next_keyed())
         return started
 
-    async def _ask_credit(self, want: int, backoff: Backoff) -> bool:
+    async def _ask_credit(self, want: int, backoff: Backoff, stop_waiter) -> None:
+        """Wait in the buffer's queue for credit (module docstring); back off only while the buffer is
+        unreachable or the actor is too far behind the learner for any credit."""
         self.counts["credit_requests"] += 1
+        t0 = time.monotonic()
         try:
-            credit = await self.link.call("request_credit", want, self.version)
+            credit = await self._long_poll(want, stop_waiter)
         except BufferDown as e:
+            self.times["credit_wait_s"] += time.monotonic() - t0
             logger.warning("%s: %s", self.name, e)
             await self._pause(backoff.next(), "credit_wait_s")
-            return False
+            return
+        self.times["credit_wait_s"] += time.monotonic() - t0
         self.learner_version = credit.learner_version
-        if credit.granted <= 0:
-            self.counts["credit_denied"] += 1
-            await self._pause(backoff.next(), "credit_wait_s")
-            return False
-        backoff.reset()
         self._credits += credit.granted
-        return True
+        if credit.granted > 0:
+            backoff.reset()
+            return
+        self.counts["credit_denied"] += 1
+        if behind(self.version, credit.learner_version, self.cfg.buffer.max_staleness):
+            await self._await_weights(credit.learner_version, backoff.next())
+
+    async def _long_poll(self, want: int, stop_waiter):
+        """One credit request on the credit link, restated when newer weights load and cancelled on stop
+        (the cancel is repeated until it lands: a reconnecting link may not have a client to reach)."""
+        asked = self.version
+        self._weights_loaded.clear()
+        call = asyncio.ensure_future(self.credit_link.call("request_credit", want, asked, CREDIT_WAIT_S))
+        while not call.done():
+            if self._stop.is_set():
+                self.credit_link.interrupt()
+                await asyncio.wait({call}, timeout=0.5)
+                continue
+            loaded = asyncio.ensure_future(self._weights_loaded.wait())
+            await asyncio.wait({call, stop_waiter, loaded}, return_when=asyncio.FIRST_COMPLETED)
+            loaded.cancel()
+            if self._weights_loaded.is_set():
+                self._weights_loaded.clear()
+                if self.version > asked and not call.done():
+                    asked = self.version
+                    self.credit_link.interrupt(asked)
+        return call.result()
+
+    async def _await_weights(self, learner_version: int, seconds: float) -> None:
+        """Wait (at most `seconds`, or until stop) for weights recent enough for credit at learner_version."""
+        t0 = time.monotonic()
+        self._weights_loaded.clear()
+        while behind(self.version, learner_version, self.cfg.buffer.max_staleness) and not self._stop.is_set():
+            left = seconds - (time.monotonic() - t0)
+            if left <= 0:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._weights_loaded.wait(), min(left, 0.1))
+            self._weights_loaded.clear()
+        self.times["credit_wait_s"] += time.monotonic() - t0
+
+    def _loaded(self, version: int) -> None:
+        super()._loaded(version)
+        self._weights_loaded.set()  # a credit request waiting with older weights is restated
 
     async def _pause(self, seconds: float, timer: str) -> None:
         t0 = time.monotonic()
@@ -206,7 +261,7 @@ class AsyncActor(WeightUpdates):
         n, self._credits = self._credits, 0
         if n > 0:
             try:
-                await self.link.call("release_credit", n)
+                await self.credit_link.call("release_credit", n)
             except BufferDown as e:  # a restarted buffer holds no credit of ours anyway
                 logger.warning("%s: could not release %d credits: %s", self.name, n, e)
 
@@ -316,7 +371,8 @@ class AsyncActor(WeightUpdates):
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
                 **(self.sampler.reward_stats() if self.sampler else {}),  # reward_errors, reward_timeouts
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
-                "credits_held": self._credits, **delivery, "reconnects": self.link.reconnects,
+                "credits_held": self._credits, **delivery,
+                "reconnects": self.link.reconnects + self.credit_link.reconnects,
                 "cursor": self.cursor.state_dict(), "pid": os.getpid(),
                 # prompts handed out and not yet acknowledged by the buffer, consistent with "cursor":
                 # what a restarted successor must generate again (`actors.prompts` module docstring)

@@ -57,7 +57,8 @@ class BufferLink:
     """Serialised, self-healing access to a `buffer.client.BufferClient`.
 
     `call(name, *args)` runs `client.<name>(*args)` on the link's thread; a transport failure drops
-    the client (the next call makes a fresh one) and raises `BufferDown`. Counters: `reconnects`.
+    the client (the next call makes a fresh one) and raises `BufferDown`. `interrupt` reaches a call
+    waiting on the thread (a credit long poll) from outside it. Counters: `reconnects`.
     secrets: the run's `RunSecrets.public()` when the buffer serves CURVE; None = plain.
     """
 
@@ -71,12 +72,14 @@ class BufferLink:
         self._errors = _transport_errors()
         self.connects = 0
         self.failures = 0
+        self._unclaimed = 0  # credit a dropped client was owed (`BufferClient._stray`), for its successor
 
     def _run(self, name: str, args: tuple):
         try:
             if self._client is None:
                 self._client = self._factory(self.address, self.client_id, timeout_s=self.timeout_s,
                                              secrets=self.secrets)
+                self._client._unclaimed, self._unclaimed = self._unclaimed, 0
                 self.connects += 1
             return getattr(self._client, name)(*args)
         except self._errors as e:
@@ -87,11 +90,19 @@ class BufferLink:
     def _drop(self) -> None:
         client, self._client = self._client, None
         if client is not None:
+            self._unclaimed += client._unclaimed
             with contextlib.suppress(Exception):
                 client.close()
 
     async def call(self, name: str, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._run, name, args)
+
+    def interrupt(self, actor_version: int | None = None) -> None:
+        """End the credit long poll waiting on the link's thread (None), or restate it with newer weights
+        (`buffer.client.BufferClient.interrupt`); thread-safe, returns at once."""
+        client = self._client
+        if client is not None:
+            client.interrupt(actor_version)
 
     def call_blocking(self, name: str, *args):
         return self._pool.submit(self._run, name, args).result()

@@ -13,8 +13,12 @@ A request the buffer rejects comes back as a structured reply: `push_group` turn
 
 Beyond the agreed API (all optional): `push_groups` / `push_and_request_credit` send several groups
 (and the next credit request) in one round trip; `request_credit(..., wait_s)` lets the buffer hold the
-request until it can grant something instead of the actor polling; `pull_batch(..., version=v)` does
-set_version(v) and the pull in one round trip; `last_pull` holds the served groups' lags.
+request until it can grant something instead of the actor polling (a long poll, which `interrupt`, from
+another thread, cancels or restates with newer weights without losing its turn); `pull_batch(...,
+version=v)` does set_version(v) and the pull in one round trip; `last_pull` holds the served groups' lags.
+
+A connection that drops while a call waits (the buffer process died) fails the call at once with
+`BufferUnavailable` rather than at its deadline, which for a long poll is wait_s later.
 
 Authentication: with `secrets=RunSecrets.public()` the socket speaks ZMQ CURVE with the run's client key
 pair and checks the buffer's server key. A buffer that refuses the handshake delivers nothing and
@@ -25,9 +29,12 @@ run's, or a server key that does not match.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import os
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -101,6 +108,12 @@ class BufferClient:
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._problem: str | None = None  # the latest handshake failure (`_handshake_problem`)
+        self._lost = False  # the connection dropped since the events were last read (`_read_events`)
+        self._wake_r, self._wake_w = socket.socketpair()  # `interrupt` wakes a long poll through it
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._interrupts: collections.deque = collections.deque()  # versions (None: cancel) from `interrupt`
+        self._unclaimed = 0  # credit granted to requests this client gave up on (`_stray`)
         self.last_pull: dict = {}  # version, lags, dropped_stale of the latest pull_batch
         self._connect()
 
@@ -115,8 +128,8 @@ class BufferClient:
             s.setsockopt(zmq.CURVE_SERVERKEY, self._secrets.server_public)
             s.setsockopt(zmq.CURVE_PUBLICKEY, self._secrets.client_public)
             s.setsockopt(zmq.CURVE_SECRETKEY, self._secrets.client_secret)
-        self._monitor = s.get_monitor_socket(HANDSHAKE_EVENTS, f"inproc://buffer-client-{os.getpid()}-"
-                                                               f"{next(_MONITORS)}")
+        self._monitor = s.get_monitor_socket(HANDSHAKE_EVENTS | zmq.EVENT_DISCONNECTED,
+                                             f"inproc://buffer-client-{os.getpid()}-{next(_MONITORS)}")
         s.connect(self.address)
         self._sock = s
 
@@ -132,23 +145,49 @@ class BufferClient:
         self._close_socket()
         self._connect()
 
-    def _handshake_problem(self) -> str | None:
-        """The latest handshake failure since the latest success (None: none). It outlives reconnects:
-        a fresh socket's own refusal may not have been reported yet when its call times out."""
+    def _read_events(self) -> None:
+        """Take the socket's monitor events: the latest handshake failure since the latest success
+        (`_problem`; it outlives reconnects: a fresh socket's own refusal may not have been reported yet
+        when its call times out) and whether the connection dropped (`_lost`)."""
         while self._monitor.poll(0):
             event = parse_monitor_message(self._monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._lost = True
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._problem = None
             else:
                 self._problem = handshake_problem(event["event"], event["value"],
                                                   self._secrets is not None) or self._problem
+
+    def _handshake_problem(self) -> str | None:
+        self._read_events()
         return self._problem
+
+    def interrupt(self, actor_version: int | None = None) -> None:
+        """Thread-safe: end the credit long poll in flight (or the next one) at once, answered with what it
+        was granted so far (None), or restate it with newer weights (`actor_version`), keeping its turn in
+        the buffer's queue. Either way the buffer is told, so no unit granted meanwhile is lost."""
+        self._interrupts.append(actor_version)
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+            self._wake_w.send(b"\0")
+
+    def _stray(self, rep) -> None:
+        """A reply to a request given up on (timed out, restated): credit it granted is ours all the same
+        (the buffer counts it against this client), so it is handed out by the next `request_credit`."""
+        granted = rep.fields.get("granted") if rep.ok else None
+        if isinstance(granted, int) and granted > 0:
+            self._unclaimed += granted
 
     def _call(self, type_: str, fields: dict | None = None, payload=(), wait_s: float | None = None):
         return self._call_many([(type_, fields, payload)], wait_s)[0]
 
-    def _call_many(self, requests: list, wait_s: float | None = None) -> list:
-        """Send all requests back to back (pipelined), then collect one reply per request."""
+    def _call_many(self, requests: list, wait_s: float | None = None, restate=None) -> list:
+        """Send all requests back to back (pipelined), then collect one reply per request.
+
+        restate: the last request is a long poll that `interrupt` may end or restate; restate(version)
+        is the request to send then (version None: a cancel). Its first answer (to it or to a restatement)
+        counts; a later one is a stray (`_stray`). A connection lost while waiting fails the call at once
+        (the request or its reply may be gone), like a timeout."""
         with self._lock:
             if self._sock is None:
                 raise RuntimeError("BufferClient is closed")
@@ -156,23 +195,36 @@ class BufferClient:
             deadline = time.monotonic() + wait
             first = self._req + 1
             self._req += len(requests)
+            slot = {first + k: k for k in range(len(requests))}  # request id -> which reply it answers
             replies: dict[int, object] = {}
             what = requests[0][0] if len(requests) == 1 else f"{len(requests)} requests"
+            poller = zmq.Poller()
+            for x in (self._sock, self._monitor, *((self._wake_r,) if restate else ())):
+                poller.register(x, zmq.POLLIN)
             try:
+                self._read_events()
+                self._lost = False  # a drop before this call is no reason to fail it: ZMQ reconnects
                 for k, (type_, fields, payload) in enumerate(requests):
                     self._sock.send_multipart(encode_request(type_, first + k, fields, payload), copy=False)
                 while len(replies) < len(requests):
                     left = deadline - time.monotonic()
-                    if left <= 0 or not self._sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
-                        text = f"buffer at {self.address} did not answer {what!r} within {wait:.1f}s"
-                        problem = self._handshake_problem()
-                        raise BufferAuthError(f"{text}: {problem}") if problem else BufferUnavailable(text)
-                    rep = decode_reply(self._sock.recv_multipart(copy=False), _REPLY_LIMITS)
-                    if rep.req == -1 and not rep.ok:  # unreadable request: blame the oldest unanswered one
-                        rep.req = next(r for r in range(first, first + len(requests)) if r not in replies)
-                    if first <= rep.req < first + len(requests):
-                        replies[rep.req] = rep
-                    # else: the reply to an earlier, abandoned request; drop it
+                    ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
+                    self._read_events()
+                    if not ready or self._lost:
+                        text = (f"buffer at {self.address} did not answer {what!r} within {wait:.1f}s" if not ready
+                                else f"buffer at {self.address}: connection lost while waiting for {what!r}")
+                        raise BufferAuthError(f"{text}: {self._problem}") if self._problem else BufferUnavailable(text)
+                    if self._wake_r.fileno() in ready:  # (a plain socket is reported by its descriptor)
+                        self._restate(restate, slot, len(requests) - 1)
+                    if self._sock in ready:
+                        rep = decode_reply(self._sock.recv_multipart(copy=False), _REPLY_LIMITS)
+                        if rep.req == -1 and not rep.ok:  # unreadable request: blame the oldest unanswered one
+                            rep.req = next(r for r, k in slot.items() if k not in replies)
+                        k = slot.get(rep.req)
+                        if k is None or k in replies:
+                            self._stray(rep)  # the reply to an earlier, abandoned request
+                        else:
+                            replies[k] = rep
             except BufferUnavailable:
                 self.reconnect()
                 raise
@@ -181,7 +233,18 @@ class BufferClient:
                 self.reconnect()
                 text = f"buffer at {self.address}: {e}"
                 raise (BufferAuthError(f"{text}: {problem}") if problem else BufferUnavailable(text)) from e
-            return [replies[first + k] for k in range(len(requests))]
+            return [replies[k] for k in range(len(requests))]
+
+    def _restate(self, restate, slot: dict, k: int) -> None:
+        """Send the long poll's restatements (or its cancel) that `interrupt` queued."""
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
+        while self._interrupts:
+            self._req += 1
+            type_, fields, payload = restate(self._interrupts.popleft())
+            self._sock.send_multipart(encode_request(type_, self._req, fields, payload), copy=False)
+            slot[self._req] = k
 
     @staticmethod
     def _check(rep) -> None:
@@ -191,12 +254,28 @@ class BufferClient:
     # ---- actor side ------------------------------------------------------------------------------------
     def request_credit(self, want: int, actor_version: int, wait_s: float = 0.0) -> Credit:
         """Ask to start `want` prompts with weights of `actor_version`; start only `granted` of them.
-        With wait_s > 0 the buffer holds the request until it can grant something, or until wait_s, or
-        until it is clear no credit can come before the actor loads newer weights (then granted is 0 and
-        learner_version says which version to load) — no polling needed."""
-        rep = self._call("credit", self._credit_fields(want, actor_version, wait_s), wait_s=wait_s + self.timeout_s)
+        With wait_s > 0 the buffer holds the request in its queue until it can grant something (waiting
+        requests share free credit fairly, `buffer.admission`), or until wait_s, or until it is clear no
+        credit can come before the actor loads newer weights (then granted is 0 and learner_version says
+        which version to load) — no polling needed; `interrupt` ends or restates such a wait. `granted`
+        includes units granted to requests this client gave up on earlier (`_stray`)."""
+        restate = None
+        if wait_s > 0:  # a long poll: `interrupt` may cancel it or restate it with newer weights
+            until = time.monotonic() + wait_s
+
+            def restate(version: int | None) -> tuple:
+                if version is None:
+                    return "credit", self._credit_fields(0, actor_version, 0.0), ()
+                return "credit", self._credit_fields(want, max(version, actor_version), until - time.monotonic()), ()
+
+        rep = self._call_many([("credit", self._credit_fields(want, actor_version, wait_s), ())],
+                              wait_s + self.timeout_s, restate)[0]
+        return self._credit(rep)
+
+    def _credit(self, rep) -> Credit:
         self._check(rep)
-        return Credit(rep.fields["granted"], rep.fields["learner_version"])
+        granted, self._unclaimed = rep.fields["granted"] + self._unclaimed, 0
+        return Credit(granted, rep.fields["learner_version"])
 
     def push_group(self, group: Group) -> Ack:
         """Send one finished group (uses one credit). Bad data comes back as Ack(False, reason, message)."""
@@ -253,16 +332,14 @@ class BufferClient:
                 else:
                     accepted, reason, message = rep.fields["acks"][k]
                     acks[i] = Ack(bool(accepted), reason, message)
-        credit = None
-        if then:
-            self._check(replies[-1])
-            credit = Credit(replies[-1].fields["granted"], replies[-1].fields["learner_version"])
-        return acks, credit
+        return acks, self._credit(replies[-1]) if then else None
 
     def release_credit(self, n: int) -> None:
         """Give back unused credit (e.g. an actor stopping; a restarted actor can release 2**20 to drop
-        whatever an earlier incarnation with the same client_id still held)."""
-        self._check(self._call("release", {"n": max(0, min(int(n), 1 << 20))}))
+        whatever an earlier incarnation with the same client_id still held). Credit granted to requests this
+        client gave up on (`_stray`) is released with it."""
+        n, self._unclaimed = int(n) + self._unclaimed, 0
+        self._check(self._call("release", {"n": max(0, min(n, 1 << 20))}))
 
     def get_demos(self, prompt_indices: list[int]) -> dict[int, np.ndarray]:
         """Demonstration tokens (int32) of the given prompts; prompts without one are absent."""
@@ -328,6 +405,8 @@ class BufferClient:
     def close(self) -> None:
         with self._lock:
             self._close_socket()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def __enter__(self) -> BufferClient:
         return self

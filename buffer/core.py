@@ -1,10 +1,11 @@
 """The buffer's logic without sockets: store, admit, filter, attach demonstrations, serve, count.
 
 `BufferCore` is what the service process runs and what tests drive in-process. It holds validated
-`WireGroup`s in a FIFO, grants credit with `admission.credit_grant`, drops stale groups with
-`admission.is_stale` (on arrival, when the version advances, and at serve time), applies the group
-filter after demonstrations are attached (so a LUFFY group whose on-policy rows all failed but whose
-teacher row succeeded is kept), and counts every drop, filter and rejection by reason.
+`WireGroup`s in a FIFO, grants credit with `admission.credit_grant` (shared among waiting requests by
+`admission.fair_shares`), drops stale groups with `admission.is_stale` (on arrival, when the version
+advances, and at serve time), applies the group filter after demonstrations are attached (so a LUFFY
+group whose on-policy rows all failed but whose teacher row succeeded is kept), and counts every drop,
+filter and rejection by reason.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import Counter, OrderedDict, deque
 import numpy as np
 
 from buffer import checks as C
-from buffer.admission import CreditLedger, credit_grant, is_stale, staleness
+from buffer.admission import CreditLedger, credit_grant, fair_shares, is_stale, staleness
 from buffer.checks import WireError
 from buffer.settings import BufferSettings
 from buffer.wire_group import WireGroup, attach_demo
@@ -47,15 +48,32 @@ class BufferCore:
     def touch(self, client: str) -> None:
         self.ledger.touch(client, self.clock())
 
-    def request_credit(self, client: str, want: int, actor_version: int, count_denied: bool = True) -> int:
+    def request_credit(self, client: str, want: int, actor_version: int) -> int:
+        """Grant what the rule allows to one request now (`grant_waiting` with nobody else waiting)."""
         self.touch(client)
-        g = credit_grant(want, actor_version, self.version, self.queued, self.served_at_version,
-                         self.s.batch_prompts, self.s.max_staleness, self.s.capacity_groups)
-        if g:
-            self.ledger.grant(client, g)
-        if count_denied:
-            self.counts["credit_units_denied"] += want - g
+        g = self.grant_waiting([(client, want, actor_version)])[0]
+        self.counts["credit_units_denied"] += want - g
         return g
+
+    def _grant(self, want: int, actor_version: int) -> int:
+        return credit_grant(want, actor_version, self.version, self.queued, self.served_at_version,
+                            self.s.batch_prompts, self.s.max_staleness, self.s.capacity_groups)
+
+    def grant_waiting(self, requests: list[tuple[str, int, int]]) -> list[int]:
+        """Credit for waiting requests (client, want, actor_version), oldest first: the free units are
+        shared by `fair_shares` among the requests and granted oldest first through `credit_grant` (the
+        staleness bound; `buffer.admission`). What a request with older weights may not take stays free."""
+        free = self._grant(self.s.capacity_groups, self.version)  # what an actor at the learner's version may get
+        if free == 0:
+            return [0] * len(requests)
+        shares = fair_shares(free, [want for _, want, _ in requests])
+        grants = []
+        for (client, _, a), share in zip(requests, shares):
+            g = self._grant(share, a) if share else 0
+            if g:
+                self.ledger.grant(client, g)
+            grants.append(g)
+        return grants
 
     def release_credit(self, client: str, n: int) -> int:
         return self.ledger.release(client, n)

@@ -3,7 +3,9 @@
 Every message is decoded with the wire checks; a bad one is counted by reason, logged (rate-limited) and
 answered with a structured error reply carrying its request id, and the loop carries on: no input can
 crash the service or touch accepted data. Blocking pulls are parked until enough groups arrive or their
-deadline passes (then a "timeout" reply), so one slow learner never blocks actors. Stored groups are
+deadline passes (then a "timeout" reply), so one slow learner never blocks actors. Credit requests are
+parked too, in arrival order, and each time credit is free the parked requests share it fairly
+(`buffer.admission`: `fair_shares` under the staleness rule); an actor waits there instead of polling. Stored groups are
 sent on as the exact frames that were validated on arrival (zero-copy, no re-encoding).
 
 Socket options: ROUTER_HANDOVER lets a reconnecting client (new socket, same client id) take over its
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from buffer.admission import behind, credit_account
 from buffer.auth import HANDSHAKE_EVENTS, ZAP_DOMAIN, ZAP_ENDPOINT, RunSecrets, zap_answer
 from buffer.checks import WireError
 from buffer.core import BufferCore
@@ -208,26 +211,30 @@ class BufferService:
     def handle(self, frames: list) -> None:
         """Handle one routed message [identity, *body]. Never raises."""
         ident = frames[0].bytes
-        client = ident.decode("utf-8", "backslashreplace")
+        name = ident.decode("utf-8", "backslashreplace")
+        client = credit_account(name)  # `actor-3#credit` asks for the credit that `actor-3` spends
+        self.core.counts["messages"] += 1
         req, msg_type = None, None
         try:
             request = decode_request(frames[1:], self.limits)
             req, msg_type = request.req, request.type
             self.core.touch(client)
             # A client has one request in flight at a time (pipelined pushes come before any waiting
-            # request), so a new one means it gave up on whatever it had parked here.
+            # request), so a new one means it gave up on whatever it had parked here; a new credit
+            # request restates its parked one in place (`_credit`).
             self.pending = [p for p in self.pending if p.ident != ident]
-            self.pending_credit = [p for p in self.pending_credit if p.ident != ident]
+            if request.type != "credit":
+                self.pending_credit = [p for p in self.pending_credit if p.ident != ident]
             self._handlers[request.type](ident, client, request)
         except WireError as e:
             req = e.req if e.req is not None else req
             msg_type = e.msg_type or msg_type
             self.core.reject(e.reason, client, msg_type)
-            self._log_reject(e.reason, f"{client}: {e}")
+            self._log_reject(e.reason, f"{name}: {e}")
             self._reply(ident, req, ok=False, reason=e.reason, message=e.message)
         except Exception as e:  # a bug of ours: count it, keep serving
             self.core.reject("internal_error", client, msg_type)
-            log.exception("internal error handling %s from %s", msg_type, client)
+            log.exception("internal error handling %s from %s", msg_type, name)
             self._reply(ident, req, ok=False, reason="internal_error", message=f"{type(e).__name__}: {e}")
 
     def _log_reject(self, reason: str, text: str) -> None:
@@ -255,30 +262,39 @@ class BufferService:
         s.update(pending_pulls=len(self.pending), pending_credit_requests=len(self.pending_credit),
                  uptime_s=time.monotonic() - self.started, address=self.address, bind_address=self.bind_address,
                  auth=self._auth_stats(), max_message_mb=self.settings.max_message_mb,
-                 undeliverable_replies=self.core.counts["undeliverable_replies"])
+                 undeliverable_replies=self.core.counts["undeliverable_replies"], messages=self.core.counts["messages"])
         self._reply(ident, r.req, fields={"stats": s})
 
     def _auth_stats(self) -> dict:
         return self.gate.stats() if self.gate else {"curve": False, "refused": 0}
 
     def _credit(self, ident, client, r: Request) -> None:
+        """Park the request in arrival order (answered by `_serve_credit` once this batch of messages is
+        handled, so requests arriving together share what is free). A client's new credit request restates
+        its parked one in place (e.g. with newer weights), keeping its turn; the old one gets no answer."""
         w = _Wait(ident, r.req, time.monotonic() + r.fields.get("wait_ms", 0) / 1000, client=client,
                   want=r.fields["want"], actor_version=r.fields["actor_version"])
-        if not self._answer_credit(w, time.monotonic()):
+        k = next((k for k, p in enumerate(self.pending_credit) if p.ident == ident), None)
+        if k is None:
             self.pending_credit.append(w)
+        else:
+            self.pending_credit[k] = w
 
-    def _answer_credit(self, w: _Wait, now: float) -> bool:
-        """Grant what the rule allows; answer if that is > 0, the wait is over, or more cannot come without
-        newer weights (then the actor should load version learner_version first). False = keep waiting."""
-        core = self.core
-        g = core.request_credit(w.client, w.want, w.actor_version, count_denied=False)
-        hopeless = min(w.actor_version, core.version) + self.settings.max_staleness < core.version
-        if not (g or now >= w.deadline or hopeless or w.want == 0):
-            return False
-        core.counts["credit_units_denied"] += w.want - g
-        if not self._reply(w.ident, w.req, fields={"granted": g, "learner_version": core.version}):
-            core.release_credit(w.client, g)  # nobody to tell: do not let the units leak
-        return True
+    def _serve_credit(self, now: float) -> None:
+        """Share the free credit among the parked requests, oldest first (`BufferCore.grant_waiting`), and
+        answer each that got units, whose wait is over, that asked for none, or that cannot get any before
+        its actor loads newer weights (then learner_version says which). The others keep their turn."""
+        core, keep = self.core, []
+        grants = core.grant_waiting([(w.client, w.want, w.actor_version) for w in self.pending_credit])
+        for w, g in zip(self.pending_credit, grants):
+            if not (g or now >= w.deadline or w.want == 0
+                    or behind(w.actor_version, core.version, self.settings.max_staleness)):
+                keep.append(w)
+                continue
+            core.counts["credit_units_denied"] += w.want - g
+            if not self._reply(w.ident, w.req, fields={"granted": g, "learner_version": core.version}):
+                core.release_credit(w.client, g)  # nobody to tell: do not let the units leak
+        self.pending_credit = keep
 
     def _release(self, ident, client, r: Request) -> None:
         self._reply(ident, r.req, fields={"released": self.core.release_credit(client, r.fields["n"])})
@@ -315,7 +331,7 @@ class BufferService:
     def _serve_waiting(self) -> None:
         now = time.monotonic()
         if self.pending_credit:
-            self.pending_credit = [w for w in self.pending_credit if not self._answer_credit(w, now)]
+            self._serve_credit(now)
         keep, blocked = [], False
         for p in self.pending:
             groups = None if blocked else self.core.take(p.num)

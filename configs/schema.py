@@ -660,8 +660,25 @@ class RunConfig(Section):
             yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
                    f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "
                    "learner.mini_batches or raise learner.batch_prompts")
+        yield from self._credit_problems(spec)
         yield from self._count_problems(spec)
         yield from spec.validate(self)
+
+    def _credit_problems(self, spec):
+        """The batch against the buffer's credit (`buffer.admission`). The buffer grants credit for at most
+        W = min((max_staleness + 1) × batch_prompts, capacity_groups) groups stored or in flight at once,
+        shared fairly among the actors waiting for it: about W / num_actors each, at most prompts_in_flight.
+        The learner pulls batch_prompts stored groups at once, so it needs W ≥ batch_prompts; as
+        (K + 1) × B ≥ B, that is capacity_groups ≥ batch_prompts. Fewer units than actors (W < num_actors)
+        or than they could run (W < num_actors × prompts_in_flight) works: actors take turns."""
+        if spec.trains_on_demonstrations_only:  # the driver makes its batches itself
+            return
+        b, cap, k = self.learner.batch_prompts, self.buffer.capacity_groups, self.buffer.max_staleness
+        if b > cap:
+            yield (f"learner.batch_prompts: a batch of {b} groups cannot be pulled from a buffer that holds at most "
+                   f"buffer.capacity_groups={cap} (stored + in flight) — raise buffer.capacity_groups to at least "
+                   f"{b} ({(k + 1) * b} = (max_staleness + 1) × batch_prompts lets the actors use the whole "
+                   "staleness window) or lower learner.batch_prompts")
 
     def _count_problems(self, spec):
         """Rules on counts that contradict each other (group size, digits, LR warm-up and horizon, context)."""

@@ -139,7 +139,8 @@ def test_versions_follow_weight_updates(senders, make_actor, buffers, learner_cl
     assert actor0.version == v
     sent = record_sent(actor0)
     actor0.start_rollouts(max_groups=4)
-    wait_for(lambda: len(sent) == 2 and actor0.stats()["credit_denied"] > 0, 60, "2 groups, then no credit")
+    wait_for(lambda: len(sent) == 2 and learner0.stats()["pending_credit_requests"] == 1, 60,
+             "2 groups, then a credit request waiting in the buffer")
     batch = learner0.pull_batch(2, timeout_s=5)
     learner0.set_version(v + 1)
     time.sleep(0.5)
