@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -43,10 +45,12 @@ from weightsync.protocol import (
 
 
 class PlainReceiver:
-    def __init__(self, host: str, port: int, *, token: str, name: str, checksum: bool = False):
+    def __init__(self, host: str, port: int, *, token: str, name: str, checksum: bool = False,
+                 freeze_before_ack: bool = False):
         self.host, self.port, self.name = host, int(port), name
         self.token = token
         self.checksum = checksum
+        self.freeze_before_ack = freeze_before_ack  # tests: SIGSTOP itself once loaded, before acking
         self.weights: dict[str, torch.Tensor] = {}
         self.version: int | None = None
         self.rank: int | None = None
@@ -106,6 +110,8 @@ class PlainReceiver:
         ack = {"version": str(version), "seconds": time.monotonic() - t0}
         if self.checksum:
             ack["checksum"] = total
+        if self.freeze_before_ack:
+            os.kill(os.getpid(), signal.SIGSTOP)
         set_json(self._store, key_ack(seq, self.rank), ack)
         return ack
 
@@ -125,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--pushes", type=int, default=1, help="pushes to apply before exiting")
     ap.add_argument("--checksum", action="store_true", help="report the sum of received values in acks")
+    ap.add_argument("--freeze-before-ack", action="store_true", help="tests: stop (SIGSTOP) once loaded")
     args = ap.parse_args(argv)
     token = sys.stdin.readline().strip()
-    rx = PlainReceiver(args.host, args.port, token=token, name=args.name, checksum=args.checksum)
+    rx = PlainReceiver(args.host, args.port, token=token, name=args.name, checksum=args.checksum,
+                       freeze_before_ack=args.freeze_before_ack)
     rx.init()
     try:
         for _ in range(args.pushes):

@@ -60,6 +60,7 @@ from weightsync.protocol import (
     key_abort,
     key_ack,
     key_admit,
+    key_heartbeat,
     key_hello,
     key_nack,
     key_plane,
@@ -75,6 +76,8 @@ from weightsync.protocol import (
 )
 
 logger = logging.getLogger(__name__)
+
+ACK_STALL_S = 10.0  # a loading receiver silent this long is dead (generous: 2 busy cores can starve a beat)
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
 
@@ -321,9 +324,14 @@ class WeightSender:
         return self.send(self.prepare(named_tensors, version))
 
     def _wait_acks(self, seq: int, version: int) -> dict[int, dict]:
+        """Every receiver's ack of push `seq`. A receiver whose heartbeat stops for ACK_STALL_S while it
+        loads (its process died or froze after the last byte arrived) fails the push then, not at the
+        deadline."""
         deadline = time.monotonic() + self.timeout_s
         acks: dict[int, dict] = {}
         ranks = list(self.receivers)
+        beats: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat counter, when it last moved)
+        next_beat_check = 0.0
         while True:
             for r in ranks:
                 if r in acks:
@@ -341,6 +349,16 @@ class WeightSender:
                     acks[r] = {"name": self.receivers[r].get("name", str(r)), **ack}
             if len(acks) == len(ranks):
                 return acks
+            now = time.monotonic()
+            if now >= next_beat_check:
+                next_beat_check = now + HEARTBEAT_PERIOD_S
+                for r in ranks:
+                    hb = self._store.add(key_heartbeat(r), 0)
+                    if r in acks or beats.get(r, (None,))[0] != hb:
+                        beats[r] = (hb, now)
+                    elif now - beats[r][1] > ACK_STALL_S:
+                        why = f"no heartbeat for {ACK_STALL_S:.0f} s while loading (process dead or frozen)"
+                        raise WeightSyncError(f"{describe_receiver(self._store, r)}: {why}", failed_ranks={r: why})
             if self._broken:  # closed from another thread (the learner rebuilds the group)
                 raise WeightSyncError(f"push of version {version} abandoned: sender {self._broken}")
             if time.monotonic() > deadline:  # every byte was sent: whoever has not acked is stuck loading

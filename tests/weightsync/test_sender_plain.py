@@ -85,6 +85,17 @@ def test_receiver_lost_mid_push_fails_within_deadline(procs, sig):
         sender.push(_weights(1), version=2)
 
 
+def test_a_receiver_that_freezes_after_loading_fails_the_push_by_its_heartbeat(procs):
+    """Every byte arrived, then the receiver froze before acknowledging: its heartbeat stops, and the
+    push fails naming it (the driver restarts that actor) instead of waiting out the ack deadline."""
+    sender = WeightSender(1, bucket_mb=0.25, timeout_s=600, connect_timeout_s=120, token=TOKEN)
+    _connect(sender, procs, ["rx-frozen"], freeze_before_ack=True)
+    with pytest.raises(WeightSyncError) as err:
+        sender.push(_weights(0), version=1)
+    assert "no heartbeat for 10 s while loading" in err.value.failed_ranks[1], err.value.failed_ranks
+    assert "rx-frozen" in err.value.suspects
+
+
 def test_missing_receiver_is_a_clear_error(procs):
     sender = WeightSender(2, timeout_s=TIMEOUT_S, connect_timeout_s=3, token=TOKEN)
     procs += start_plain_receivers(sender.address, ["only-one"], token=TOKEN)
