@@ -176,7 +176,6 @@ class Driver:
                 return self._to_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S)), time.monotonic() - t0
             except TimeoutError:
                 self._check_actors()
-                self._check_buffer()
 
     def _check_actors(self) -> dict[int, str]:
         """Health check of the actors: restart the dead ones (`_restart`); returns {actor: why} of those."""
@@ -226,7 +225,10 @@ class Driver:
         self.write_processes()
 
     def _to_buffer(self, call):
-        """`call(client)`; when the buffer died under it, once more after restarting it."""
+        """`call(client)` on a live buffer: a dead one is restarted first (a request to a dead buffer waits
+        out the client's send timeout, BUFFER_TIMEOUT_S, before failing), and when it dies under the call,
+        the call runs once more after the restart."""
+        self._check_buffer()
         try:
             return call(self.client)
         except BufferUnavailable:
@@ -329,7 +331,6 @@ class Driver:
             self.graph.start_rollouts()
             t_loop = t_last = time.monotonic()
             while self.step < lc.steps:
-                self._check_buffer()
                 groups, wait_s = self._pull()
                 keys = [(int(g.meta.get("epoch", 0)), g.prompt_index) for g in groups]
                 self.ledger.record(self.step, keys)

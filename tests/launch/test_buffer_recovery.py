@@ -60,7 +60,11 @@ def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and
         old_pid = keeper.pid
         os.kill(old_pid, signal.SIGKILL)
         keeper.proc.join(10)
-        assert driver._check_buffer()  # what the loop does before every pull
+        # the next buffer call finds the death before its request goes out (a request to the dead process
+        # would wait out the client's send timeout): the call reaches the restarted buffer only
+        alive_when_called = []
+        assert driver._to_buffer(lambda c: alive_when_called.append(keeper.death()) or c.ping()) >= 0
+        assert alive_when_called == [None]
 
         assert keeper.restarts == 1 and keeper.pid != old_pid and keeper.address == address
         assert not driver._check_buffer()  # alive: nothing to do
