@@ -1,0 +1,331 @@
+"""Evidence studies: does each algorithm do what its paper says it is for, over seeds, on tasks built to show it?
+
+Every run is a real `algo-train` (2 vLLM actors, the buffer process, the learner; bench/runs.py), its own
+configs/<algo>.yaml plus the study's and the arm's overrides, the seed, the study's step count and
+evaluation period. A study runs every arm for every seed (seeds outermost: after seed 0 every arm has a
+result) into `--out-dir/<study>/<arm>-s<seed>`; a run folder that already holds a finished run is reused,
+so a study can be stopped and continued, and `--reuse` re-analyses without starting anything.
+
+Studies (STUDIES below holds the exact overrides):
+  luffy      a weak start (model.sft_warmup_steps small: greedy held-out accuracy near 0) — GRPO against
+             LUFFY with teacher rows from the task's reference solutions, equal samples.
+  dense      the quick-start task (2-digit +/−, column steps with carries, rule step checker): RLOO (outcome
+             only), PURE min-form, PURE sum-form (credit=gamma, γ=1: step scores summed), PRIME (implicit
+             PRM trained online) — samples to reach the start + `threshold` accuracy.
+  pacs       GRPO against PACS with weight_mode question (class-balanced) and none, equal samples.
+  staleness  learner.mini_batches 4 × epochs 2 (8 optimiser steps per learner step: the PPO clip acts and
+             the learner is slower than the actors, so the buffer fills and rows reach the bound K),
+             K ∈ {0, 2, 8, 16} × loss.is_correction ∈ {none, tis, decoupled}; K = 0 once (tis), where the
+             three coincide up to sampler/learner numerics.
+  cost       no runs of its own: seconds per sample and seconds to the threshold of each algorithm, from
+             the dense and pacs runs (same task, same budget, same machine).
+
+Per run: held-out greedy accuracy at every evaluation (step 0 = before RL), samples (Σ batch/rows, exact),
+training seconds (the loop's clock minus evaluations, bench/runs.training_clock), mean ESS, mismatch KL,
+staleness and clip fraction. Per arm over seeds: mean ± sd of the final and best accuracy and of the gain
+over the start; samples (and seconds) until the first evaluation at or above the run's own start +
+`threshold` (a seed that never gets there counts as "not reached" and the arm's mean is over the seeds
+that did, with the count shown). Against the study's baseline arm: the paired difference of final
+accuracy, seed by seed (same seed = same starting model and prompt order), with σ = max(seed SE,
+evaluation binomial SE) (bench/runs.paired_accuracy_delta): |Δ| ≤ 2σ is "inside the noise".
+
+Output: one JSON line per run on stdout, `bench/evidence_<study>.md` (table) and
+`bench/evidence_<study>.png` (mean accuracy ± sd over seeds vs samples, one line per arm).
+
+  .venv/bin/python bench/evidence.py --study luffy            # 2 arms × 3 seeds
+  .venv/bin/python bench/evidence.py --study all --reuse      # tables and plots from the recorded runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.runs import (  # noqa: E402
+    ROOT,
+    cumulative_samples,
+    eval_curve,
+    finished,
+    fmt,
+    load_average,
+    log,
+    machine,
+    markdown_table,
+    mean_over,
+    mean_sd,
+    paired_accuracy_delta,
+    rounded,
+    run_and_analyse,
+    training_clock,
+    training_rows,
+)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    algo: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    title: str
+    claim: str  # what the paper reports, to set ours beside
+    arms: tuple[Arm, ...]
+    steps: int  # learner steps per run (every config here consumes 64 samples a step)
+    eval_every: int
+    baseline: str  # arm the others are compared with, seed by seed
+    common: tuple[str, ...] = ()
+    threshold: float = 0.10  # gain over the run's own start that counts as "reached"
+
+
+WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
+MINI = ("learner.mini_batches=4", "learner.epochs=2", "learner.lr=3e-5")
+
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("luffy", "LUFFY against GRPO from a weak start",
+          "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
+          "succeed; on-policy RL stays near flat there",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
+          common=(f"model.sft_warmup_steps={WEAK_SFT_STEPS}",), threshold=0.05),
+    Study("dense", "Dense rewards: PURE and PRIME against outcome-only RLOO",
+          "PRIME (Cui et al. 2025): 2.5x the sample efficiency of outcome-only RLOO; PURE (Cheng et al. 2025): "
+          "min-form credit assignment avoids the reward hacking that sum-form credit suffers",
+          (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("pure-sum", "pure", ("pure.credit=gamma", "pure.gamma=1.0")),
+           Arm("prime", "prime")), steps=100, eval_every=10, baseline="rloo"),
+    Study("pacs", "PACS against GRPO",
+          "PACS (Li et al. 2025): reframing RLVR as supervised learning of a score (BCE on β·log-ratio) beats "
+          "PPO/GRPO at equal samples",
+          (Arm("grpo", "grpo"), Arm("pacs-question", "pacs"), Arm("pacs-none", "pacs", ("pacs.weight_mode=none",))),
+          steps=100, eval_every=10, baseline="grpo"),
+    Study("staleness", "Staleness K and the correction, with a trust region that acts",
+          "AReaL (Fu et al. 2025): naive PPO collapses at staleness 4 while the decoupled objective holds up to 8",
+          (Arm("K0", "grpo", ("buffer.max_staleness=0", "loss.is_correction=tis")),
+           *(Arm(f"K{k}-{c}", "grpo", (f"buffer.max_staleness={k}", f"loss.is_correction={c}"))
+             for k in (2, 8, 16) for c in ("none", "tis", "decoupled"))),
+          steps=40, eval_every=10, baseline="K0", common=MINI),
+)}
+COST_FROM = ("dense", "pacs")
+
+
+def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
+    return [*study.common, *arm.overrides, f"seed={seed}", f"learner.steps={study.steps}",
+            f"learner.eval_every={study.eval_every}"]
+
+
+def analyse(rows: list[dict], steps: int, threshold: float) -> dict:
+    train = training_rows(rows)
+    if len(train) != steps:
+        raise ValueError(f"metrics.jsonl holds {len(train)} training rows, expected {steps}")
+    clock, samples = training_clock(rows), cumulative_samples(rows)
+    curve = [{"step": s, "samples": samples[s], "train_s": clock[s], "accuracy": a, "eval_n": n}
+             for s, a, n in eval_curve(rows)]
+    if not curve or curve[0]["step"] != 0 or curve[-1]["step"] != steps:
+        raise ValueError("metrics.jsonl lacks the evaluation before RL or at the last step")
+    before = curve[0]["accuracy"]
+    reached = next((c for c in curve[1:] if c["accuracy"] >= before + threshold), None)
+    keys = {"ess": "is/ess", "mismatch_kl": "mismatch/kl", "staleness": "staleness/mean", "clipfrac": "pg/clipfrac",
+            "demo_row_frac": "luffy/offpolicy_row_frac", "reward": "reward/mean"}
+    return {"accuracy_before": before, "accuracy_end": curve[-1]["accuracy"], "eval_n": curve[-1]["eval_n"],
+            "accuracy_best": max(c["accuracy"] for c in curve[1:]),
+            "samples": samples[steps], "train_s": clock[steps], "s_per_sample": clock[steps] / samples[steps],
+            "samples_to_threshold": reached["samples"] if reached else None,
+            "seconds_to_threshold": reached["train_s"] if reached else None,
+            "staleness_max": max((r.get("staleness/max") or 0 for r in train), default=None),
+            **{k: mean_over(rows, v) for k, v in keys.items()}, "curve": curve}
+
+
+def summarise(recs: list[dict]) -> dict:
+    """One arm over its seeds (finished runs only)."""
+    ok = [r for r in recs if r["status"] == "ok"]
+    out: dict = {"seeds": len(ok), "failed": len(recs) - len(ok)}
+    for key in ("accuracy_before", "accuracy_end", "accuracy_best", "s_per_sample", "ess", "mismatch_kl",
+                "staleness", "clipfrac", "demo_row_frac"):
+        out[key] = mean_sd([r.get(key) for r in ok])
+    out["gain"] = mean_sd([r["accuracy_end"] - r["accuracy_before"] for r in ok])
+    out["staleness_max"] = max((r["staleness_max"] for r in ok if r.get("staleness_max") is not None), default=None)
+    for key in ("samples_to_threshold", "seconds_to_threshold"):
+        got = [r[key] for r in ok if r.get(key) is not None]
+        out[key] = (*mean_sd(got), len(got))
+    return out
+
+
+def paired(study: Study, by_arm: dict[str, list[dict]], arm: str) -> dict | None:
+    base = {r["seed"]: r for r in by_arm.get(study.baseline, []) if r["status"] == "ok"}
+    pairs = [(r["accuracy_end"], base[r["seed"]]["accuracy_end"], r["eval_n"], base[r["seed"]]["eval_n"])
+             for r in by_arm.get(arm, []) if r["status"] == "ok" and r["seed"] in base]
+    return paired_accuracy_delta(pairs) if pairs and arm != study.baseline else None
+
+
+def pm(ms: tuple, spec: str = ".3f") -> str:
+    mean, sd = ms[0], ms[1]
+    return fmt(mean, spec) + (f" ± {fmt(sd, spec)}" if sd is not None else "")
+
+
+def reached(ms: tuple, total: int, spec: str) -> str:
+    mean, sd, n = ms
+    return "not reached" if not n else f"{pm((mean, sd), spec)} ({n}/{total})"
+
+
+def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: str) -> str:
+    rows = []
+    for arm in study.arms:
+        recs = by_arm.get(arm.name, [])
+        s = summarise(recs)
+        d = paired(study, by_arm, arm.name)
+        verdict = "baseline" if arm.name == study.baseline else "–" if d is None else (
+            f"{d['delta']:+.3f} ± {d['sigma']:.3f} ({'inside the noise' if abs(d['delta']) <= 2 * d['sigma'] else 'beyond 2σ'})")
+        extra = [pm(s["staleness"], ".2f") + f" / {fmt(s['staleness_max'], '.0f')}", pm(s["ess"], ".4f"),
+                 pm(s["mismatch_kl"], ".4f"), pm(s["clipfrac"], ".3f")] if study.name == "staleness" else []
+        rows.append([arm.name, f"{s['seeds']}/{len(seeds)}", pm(s["accuracy_before"]), pm(s["accuracy_end"]),
+                     pm(s["accuracy_best"]), pm(s["gain"]), verdict,
+                     reached(s["samples_to_threshold"], s["seeds"], ".0f"), pm(s["s_per_sample"], ".4f"), *extra])
+    heads = ["arm", "seeds", "acc before", "acc end", "best", "gain", f"Δ end vs {study.baseline} (paired)",
+             f"samples to start+{study.threshold:g}", "train s / sample"]
+    if study.name == "staleness":
+        heads += ["staleness mean / max", "ESS", "mismatch KL", "clipfrac"]
+    m = machine()
+    loads = [x for recs in by_arm.values() for r in recs for x in (r.get("load_before"), r.get("load_after"))
+             if x is not None]
+    return "\n".join([
+        f"### {study.title} (`bench/evidence.py --study {study.name}`)", "",
+        f"Paper: {study.claim}.", "",
+        f"Command: `{cmd}`. {study.steps} learner steps × 64 samples per arm and seed, seeds {seeds}, evaluation "
+        f"(greedy, 200 held-out prompts) every {study.eval_every} steps. Overrides on every arm: "
+        f"{', '.join(study.common) or 'none'}; per arm: "
+        + "; ".join(f"{a.name} = `--algo {a.algo}`" + (f" {' '.join(a.overrides)}" if a.overrides else "")
+                    for a in study.arms) + ".",
+        f"Machine: {m.get('cpu', '?')}, {m['cpus']} cores; 1-minute load {min(loads, default=0):.1f}–"
+        f"{max(loads, default=0):.1f} during the runs (seconds per sample are only comparable at similar load).", "",
+        markdown_table(heads, rows), "", f"Plot: `bench/evidence_{study.name}.png`.", ""])
+
+
+def plot(study: Study, by_arm: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for arm in study.arms:
+        ok = [r for r in by_arm.get(arm.name, []) if r["status"] == "ok"]
+        if not ok:
+            continue
+        steps = sorted(set.intersection(*({c["step"] for c in r["curve"]} for r in ok)))
+        xs = [statistics.fmean(c["samples"] for r in ok for c in r["curve"] if c["step"] == s) for s in steps]
+        per = [[c["accuracy"] for r in ok for c in r["curve"] if c["step"] == s] for s in steps]
+        mean = [statistics.fmean(v) for v in per]
+        sd = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in per]
+        ax.plot(xs, mean, marker="o", ms=3, label=f"{arm.name} ({len(ok)} seeds)")
+        ax.fill_between(xs, [a - b for a, b in zip(mean, sd)], [a + b for a, b in zip(mean, sd)], alpha=0.15)
+    ax.set_xlabel("samples consumed by the learner")
+    ax.set_ylabel("held-out accuracy (greedy), mean ± sd over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(study.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_cost(records: dict[str, dict[str, list[dict]]]) -> str:
+    """Seconds per sample and to the threshold, per algorithm at its shipped config (dense + pacs runs)."""
+    rows = []
+    for name in COST_FROM:
+        study = STUDIES[name]
+        for arm in study.arms:
+            s = summarise(records.get(name, {}).get(arm.name, []))
+            if not s["seeds"]:
+                continue
+            rows.append([f"{arm.name} ({name})", str(s["seeds"]), pm(s["s_per_sample"], ".4f"),
+                         reached(s["samples_to_threshold"], s["seeds"], ".0f"),
+                         reached(s["seconds_to_threshold"], s["seeds"], ".0f")])
+    return "\n".join([
+        "### What each algorithm costs (`bench/evidence.py --study cost`: the dense and pacs runs)", "",
+        "Training seconds (the loop's clock, evaluations excluded) per sample the learner consumed, and samples / "
+        "seconds until held-out accuracy first reached the run's start + 0.10, mean ± sd over the seeds that got "
+        "there (count in brackets). Same task, budget and machine; the runs ran one after another, so the "
+        "machine's load drifts between them (each study's table gives the range).", "",
+        markdown_table(["algorithm (study)", "seeds", "train s / sample", "samples to start+0.1",
+                        "seconds to start+0.1"], rows), ""])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--study", nargs="+", required=True, choices=[*STUDIES, "cost", "all"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: every arm of the study)")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "evidence",
+                   help="folder of the studies' run folders (reused across invocations)")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="per-run limit (stopped cleanly after it)")
+    p.add_argument("--reuse", action="store_true", help="start no run: analyse the finished runs only")
+    p.add_argument("--echo", choices=["progress", "all", "none"], default="none")
+    args = p.parse_args(argv)
+    if "all" in args.study:
+        args.study = [*STUDIES, "cost"]
+    return args
+
+
+def collect(study: Study, args, run_missing: bool) -> dict[str, list[dict]]:
+    by_arm: dict[str, list[dict]] = {}
+    for seed in args.seeds:
+        for arm in study.arms:
+            if args.arms and arm.name not in args.arms:
+                continue
+            name = f"{arm.name}-s{seed}"
+            rec = {"bench": "evidence", "study": study.name, "arm": arm.name, "seed": seed}
+            opts = argparse.Namespace(out_dir=args.out_dir / study.name, timeout_s=args.timeout_s, echo=args.echo,
+                                      reuse=args.reuse or not run_missing)
+            opts.reuse = opts.reuse or finished(opts.out_dir / name)
+            if not opts.reuse:
+                log(f"[evidence] {study.name}/{name} (load {load_average()})")
+            run_and_analyse(rec, name, arm.algo, run_overrides(study, arm, seed), opts,
+                            lambda rows: analyse(rows, study.steps, study.threshold))
+            if rec["status"] == "ok" and not opts.reuse:
+                log(f"[evidence] {name}: {fmt(rec['accuracy_before'])} -> {fmt(rec['accuracy_end'])}, "
+                    f"{rec['run_s']:.0f} s")
+            print(json.dumps(rounded({k: v for k, v in rec.items() if k != "curve"})), flush=True)
+            by_arm.setdefault(arm.name, []).append(rec)
+    return by_arm
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from configs.loading import ConfigError, resolve
+
+    try:  # every configuration validates before anything starts
+        for name in args.study:
+            for arm in STUDIES[name].arms if name in STUDIES else ():
+                resolve(arm.algo, overrides=run_overrides(STUDIES[name], arm, 0))
+    except ConfigError as e:
+        log(f"evidence: {e}")
+        return 2
+    cmd = ".venv/bin/python bench/evidence.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    records: dict[str, dict[str, list[dict]]] = {}
+    for name in (n for n in args.study if n in STUDIES):
+        study = STUDIES[name]
+        records[name] = collect(study, args, run_missing=True)
+        (ROOT / "bench" / f"evidence_{name}.md").write_text(render(study, records[name], args.seeds, cmd))
+        plot(study, records[name], ROOT / "bench" / f"evidence_{name}.png")
+        log((ROOT / "bench" / f"evidence_{name}.md").read_text())
+    if "cost" in args.study:
+        for name in COST_FROM:
+            if name not in records:
+                records[name] = collect(STUDIES[name], args, run_missing=False)
+        (ROOT / "bench" / "evidence_cost.md").write_text(render_cost(records))
+        log((ROOT / "bench" / "evidence_cost.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
