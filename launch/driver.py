@@ -95,14 +95,19 @@ class Driver:
         spec = algos.get(cfg.algo)
         self.demos = DemoBatches(data, cfg.learner.batch_prompts, cfg.seed) if spec.trains_on_demonstrations_only \
             else None
-        self.step = 0
-        self.version = 0
+        self.step = 0  # learner steps taken: the one owner of the weight version (`version`)
         self.resumed_from: tuple[Path, ...] = ()  # the checkpoint this run resumed from (never rotated out)
         self._stop_requested = False
         self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (cursor, unfinished prompts)
         self._reward_error_shown = False
         self._push_stats: dict = {}  # stats of the last push settled, not reported yet
         self._last_health = 0.0  # time.monotonic() of the last actor health check
+
+    @property
+    def version(self) -> int:
+        """The weight version the actors must serve: one push per learner step, so it is the step count
+        (the buffer, the actors and the checkpoints are told it; none of them keeps its own count)."""
+        return self.step
 
     def _add_demos(self) -> None:
         if self.data.demos:
@@ -120,7 +125,7 @@ class Driver:
                                     "(complete = a step_<N> directory holding the COMMITTED marker)")
         self.resumed_from = (ckpt,)
         extra = self.graph.load(ckpt)
-        self.step, self.version = int(extra["step"]), int(extra["version"])
+        self.step = int(extra["step"])
         self.ledger = PromptLedger.from_state_dict(extra["ledger"])
         began = time.time()
         self.client.restore(str(ckpt / extra["buffer_snapshot"]))
@@ -337,7 +342,6 @@ class Driver:
                 t0 = time.monotonic()
                 metrics = self.graph.step(groups, self.version)
                 train_s = time.monotonic() - t0
-                self.version += 1
                 self.step += 1
                 t0 = time.monotonic()
                 sync = self._sync_weights()  # sync: the previous version's push, which overlapped this step

@@ -102,7 +102,7 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
     try:
         assert driver.client.stats()["credits_outstanding"] == 1  # ... and held one unit it never used
         driver.ledger.record(0, [(0, 1), (0, 3)])
-        driver.version = 1
+        driver.step = 1  # = version 1
         assert driver._check_actors() == {}  # all alive: their reports are kept
         graph.dead, graph.fail_next_push = {1: "process gone: ActorDiedError"}, True
 
@@ -183,7 +183,7 @@ def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
-        driver.version = 2
+        driver.step = 2  # = version 2
         assert driver._sync_weights() == {}
         kill, (_, plans, version), *rest = graph.calls
         assert kill == ("kill", [0]) and list(plans) == [0] and version == 2

@@ -53,7 +53,7 @@ def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and
         driver.ledger.record(0, [(0, g.prompt_index) for g in batch])
         _push(actor, 4)  # acknowledged after the snapshot: only the dead buffer will have had it
         graph.delivered = {0: [(since - 5, (0, 1)), (since + 1, (0, 4))], 1: []}
-        driver.version = 1
+        driver.step = 1  # = version 1
         driver.write_processes()
         assert json.loads((tmp_path / "processes.json").read_text())["buffer"]["pid"] == keeper.pid
 

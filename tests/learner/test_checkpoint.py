@@ -156,7 +156,7 @@ def _driver(run_dir: Path, learner: Learner, keep: int) -> Driver:
     d = Driver.__new__(Driver)  # the checkpoint path only: no buffer service, no actors
     d.cfg, d.run_dir = make_cfg("grpo", learner={"keep_checkpoints": keep}), run_dir
     d.graph, d.client, d.ledger = _Graph(learner), _Buffer(), PromptLedger()
-    d.version = d.step = 0
+    d.step = 0
     d.resumed_from, d.keeper = (), None
     d.progress = type("Progress", (), {"message": staticmethod(lambda text: None)})()
     return d
@@ -169,7 +169,7 @@ def test_driver_commits_after_the_buffer_snapshot_and_rotates(tiny_dir, tmp_path
     d = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
-        d.step = d.version = step
+        d.step = step
         d.checkpoint(export=step == 3)
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]
     last = checkpoint.latest_checkpoint(root)
