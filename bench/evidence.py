@@ -51,7 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.runs import (  # noqa: E402
     ROOT,
     cumulative_samples,
-    eval_curve,
     finished,
     fmt,
     load_average,
@@ -63,6 +62,7 @@ from bench.runs import (  # noqa: E402
     paired_accuracy_delta,
     rounded,
     run_and_analyse,
+    sample_curve,
     training_clock,
     training_rows,
 )
@@ -123,14 +123,10 @@ def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
 
 
 def analyse(rows: list[dict], steps: int, threshold: float) -> dict:
-    train = training_rows(rows)
-    if len(train) != steps:
-        raise ValueError(f"metrics.jsonl holds {len(train)} training rows, expected {steps}")
+    train, curve = training_rows(rows), sample_curve(rows, steps)
     clock, samples = training_clock(rows), cumulative_samples(rows)
-    curve = [{"step": s, "samples": samples[s], "train_s": clock[s], "accuracy": a, "eval_n": n}
-             for s, a, n in eval_curve(rows)]
-    if not curve or curve[0]["step"] != 0 or curve[-1]["step"] != steps:
-        raise ValueError("metrics.jsonl lacks the evaluation before RL or at the last step")
+    if curve[-1]["step"] != steps:
+        raise ValueError("metrics.jsonl lacks the evaluation at the last step")
     before = curve[0]["accuracy"]
     reached = next((c for c in curve[1:] if c["accuracy"] >= before + threshold), None)
     keys = {"ess": "is/ess", "mismatch_kl": "mismatch/kl", "staleness": "staleness/mean", "clipfrac": "pg/clipfrac",

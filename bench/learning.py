@@ -42,7 +42,6 @@ from bench.runs import (  # noqa: E402
     ROOT,
     add_run_options,
     cumulative_samples,
-    eval_curve,
     finish_run_options,
     fmt,
     log,
@@ -51,9 +50,9 @@ from bench.runs import (  # noqa: E402
     mean_over,
     rounded,
     run_and_analyse,
+    sample_curve,
     steps_for_samples,
     training_clock,
-    training_rows,
 )
 
 ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs"]
@@ -97,14 +96,8 @@ def budget(cfg, samples: int) -> dict:
 
 
 def analyse(rows: list[dict], steps: int) -> dict:
-    train = training_rows(rows)
-    if len(train) != steps:
-        raise ValueError(f"metrics.jsonl holds {len(train)} training rows, expected {steps}")
+    curve = sample_curve(rows, steps)
     clock, samples = training_clock(rows), cumulative_samples(rows)
-    curve = [{"step": s, "samples": samples[s], "train_s": clock[s], "accuracy": acc, "eval_n": n}
-             for s, acc, n in eval_curve(rows)]
-    if not curve or curve[0]["step"] != 0:
-        raise ValueError("no evaluation before RL (step 0) in metrics.jsonl")
     after = [c for c in curve if c["step"] >= 1]
     total_s = clock[steps]
     return {

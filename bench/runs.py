@@ -367,6 +367,21 @@ def eval_curve(rows: Sequence[Row]) -> list[tuple[int, float, int]]:
             if r.get("eval/accuracy") is not None]
 
 
+def sample_curve(rows: Sequence[Row], steps: int) -> list[dict]:
+    """Every evaluation as {step, samples, train_s, accuracy, eval_n} — samples consumed and training seconds
+    (`training_clock`) up to it — of a run that must hold exactly `steps` training rows and an evaluation
+    before RL (step 0); ValueError otherwise."""
+    train = training_rows(rows)
+    if len(train) != steps:
+        raise ValueError(f"metrics.jsonl holds {len(train)} training rows, expected {steps}")
+    clock, samples = training_clock(rows), cumulative_samples(rows)
+    curve = [{"step": s, "samples": samples[s], "train_s": clock[s], "accuracy": acc, "eval_n": n}
+             for s, acc, n in eval_curve(rows)]
+    if not curve or curve[0]["step"] != 0:
+        raise ValueError("no evaluation before RL (step 0) in metrics.jsonl")
+    return curve
+
+
 def accuracy_at(rows: Sequence[Row], step: int) -> tuple[float | None, int]:
     for s, acc, n in eval_curve(rows):
         if s == step:
