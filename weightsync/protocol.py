@@ -376,19 +376,31 @@ def describe_receiver(store: dist.Store, rank: int) -> str:
             f"transfer-rank pid {worker.get('pid', '?')} on {worker.get('host', actor.get('host', '?'))})")
 
 
-def stalled_heartbeats(store: dist.Store, ranks: list[int], window_s: float) -> list[int]:
-    """Ranks whose heartbeat counter did not move during ``window_s`` (i.e. dead or frozen)."""
+class HeartbeatWatch:
+    """Which receivers' heartbeat counters have not moved for ``window_s`` (dead or frozen), read without
+    blocking: each `stalled` call reads the counters of ``ranks`` and remembers when each last moved."""
 
-    def read() -> dict[int, int]:
-        out = {}
+    def __init__(self, store: dist.Store, window_s: float):
+        self._store, self._window = store, window_s
+        self._moved: dict[int, tuple[int, float]] = {}  # rank -> (counter, time.monotonic() it last moved)
+
+    def stalled(self, ranks: list[int]) -> list[int]:
+        now, out = time.monotonic(), []
         for r in ranks:
-            out[r] = store.add(key_heartbeat(r), 0)
+            beat = self._store.add(key_heartbeat(r), 0)
+            if self._moved.get(r, (None,))[0] != beat:
+                self._moved[r] = (beat, now)
+            elif now - self._moved[r][1] >= self._window:
+                out.append(r)
         return out
 
-    before = read()
+
+def stalled_heartbeats(store: dist.Store, ranks: list[int], window_s: float) -> list[int]:
+    """Ranks whose heartbeat counter did not move during ``window_s`` (blocks that long)."""
+    watch = HeartbeatWatch(store, window_s)
+    watch.stalled(ranks)
     time.sleep(window_s)
-    after = read()
-    return [r for r in ranks if after[r] == before[r]]
+    return watch.stalled(ranks)
 
 
 def process_info(name: str) -> dict:

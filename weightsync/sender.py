@@ -52,6 +52,7 @@ from weightsync.protocol import (
     HEARTBEAT_PERIOD_S,
     LOOPBACK,
     TICKETS,
+    HeartbeatWatch,
     WeightSyncError,
     describe_receiver,
     get_json,
@@ -60,7 +61,6 @@ from weightsync.protocol import (
     key_abort,
     key_ack,
     key_admit,
-    key_heartbeat,
     key_hello,
     key_nack,
     key_plane,
@@ -330,8 +330,7 @@ class WeightSender:
         deadline = time.monotonic() + self.timeout_s
         acks: dict[int, dict] = {}
         ranks = list(self.receivers)
-        beats: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat counter, when it last moved)
-        next_beat_check = 0.0
+        watch, next_beat_check = HeartbeatWatch(self._store, ACK_STALL_S), 0.0
         while True:
             for r in ranks:
                 if r in acks:
@@ -349,16 +348,12 @@ class WeightSender:
                     acks[r] = {"name": self.receivers[r].get("name", str(r)), **ack}
             if len(acks) == len(ranks):
                 return acks
-            now = time.monotonic()
-            if now >= next_beat_check:
-                next_beat_check = now + HEARTBEAT_PERIOD_S
-                for r in ranks:
-                    hb = self._store.add(key_heartbeat(r), 0)
-                    if r in acks or beats.get(r, (None,))[0] != hb:
-                        beats[r] = (hb, now)
-                    elif now - beats[r][1] > ACK_STALL_S:
-                        why = f"no heartbeat for {ACK_STALL_S:.0f} s while loading (process dead or frozen)"
-                        raise WeightSyncError(f"{describe_receiver(self._store, r)}: {why}", failed_ranks={r: why})
+            if time.monotonic() >= next_beat_check:
+                next_beat_check = time.monotonic() + HEARTBEAT_PERIOD_S
+                if stalled := watch.stalled([r for r in ranks if r not in acks]):
+                    why = f"no heartbeat for {ACK_STALL_S:.0f} s while loading (process dead or frozen)"
+                    raise WeightSyncError(f"{describe_receiver(self._store, stalled[0])}: {why}",
+                                          failed_ranks={stalled[0]: why})
             if self._broken:  # closed from another thread (the learner rebuilds the group)
                 raise WeightSyncError(f"push of version {version} abandoned: sender {self._broken}")
             if time.monotonic() > deadline:  # every byte was sent: whoever has not acked is stuck loading
