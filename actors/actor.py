@@ -19,8 +19,8 @@ Orchestrator usage::
     actor.stats(); actor.stop(); actor.close()
 
 `prompts` is the whole training set as `actors.prompts.PromptItem`s (`items_from_records` turns
-`tasks` records into them); the actor keeps its own shard (`actor_id::num_actors`). `state_dict()`
-holds its dataset cursor for exact resume.
+`tasks` records into them); the actor keeps its own shard (`actor_id::num_actors`). Where a
+restarted actor resumes is not its own to report: the driver's ledger says (`launch.ledger`).
 """
 
 from __future__ import annotations
@@ -140,13 +140,6 @@ class RolloutActor:
             self.core.cursor.requeue(keys)
 
         self._call(put())
-
-    def state_dict(self) -> dict:
-        """Dataset cursor of this actor's shard (for exact resume)."""
-        return self.core.cursor.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.core.cursor.load_state_dict(state)
 
     def run_async(self, coro_fn):
         """Run `coro_fn(core)` (an async function of the `AsyncActor`) on the actor's loop; for tests

@@ -78,7 +78,6 @@ class AsyncActor(WeightUpdates):
         self.engine = self.sampler = self.outbox = self.receiver = None
         self._owns_engine = False
         self._credits = 0
-        self._unfinished: dict[tuple[int, int], int] = {}  # (epoch, prompt) started, not yet acknowledged
         self._delivered: deque[tuple[float, tuple[int, int]]] = deque(maxlen=DELIVERED_KEPT)
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -116,20 +115,13 @@ class AsyncActor(WeightUpdates):
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
-        key = (int(group.meta.get("epoch", 0)), group.prompt_index)
-        self._finished(key)
-        self._delivered.append((time.time(), key))
+        self._delivered.append((time.time(), (int(group.meta.get("epoch", 0)), group.prompt_index)))
 
     def delivered_since(self, wall_time: float) -> list[tuple[int, int]]:
         """(epoch, prompt) of the groups the buffer acknowledged at or after `wall_time` (time.time()),
         oldest first: what a buffer that died after a snapshot of that time may have lost
         (`launch.buffer_keeper`). The record keeps the last DELIVERED_KEPT acknowledgements."""
         return [k for t, k in self._delivered if t >= wall_time]
-
-    def _finished(self, key: tuple[int, int]) -> None:
-        n = self._unfinished.pop(key, 0) - 1
-        if n > 0:
-            self._unfinished[key] = n
 
     async def close(self) -> None:
         await self.stop(drain=False)
@@ -266,8 +258,6 @@ class AsyncActor(WeightUpdates):
                 logger.warning("%s: could not release %d credits: %s", self.name, n, e)
 
     def _spawn(self, item: PromptItem, epoch: int = 0) -> None:
-        key = (epoch, item.prompt_index)
-        self._unfinished[key] = self._unfinished.get(key, 0) + 1
         task = asyncio.create_task(self._rollout(item, epoch), name=f"{self.name}-p{item.prompt_index}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -279,13 +269,11 @@ class AsyncActor(WeightUpdates):
             group = await self.make_group(item, epoch)
         except asyncio.CancelledError:
             self._credits += 1  # released by run()'s epilogue
-            self._finished((epoch, item.prompt_index))
             raise
         except Exception:
             logger.exception("%s: rollout of prompt %d failed", self.name, item.prompt_index)
             self.counts["groups_failed"] += 1
             self._credits += 1
-            self._finished((epoch, item.prompt_index))
             if self.engine is not None and self.engine.errored:
                 self._stop.set()
             return
@@ -298,13 +286,7 @@ class AsyncActor(WeightUpdates):
         over the shard the prompt came from (the driver's ledger keys prompts by (epoch, index))."""
         n = self.cfg.rollout.n
         plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if self.luffy else plain_group_plan(n)
-        demo = None
-        if plan.guided:
-            demo = (await self._get_demos([item.prompt_index])).get(item.prompt_index)
-            if demo is None:
-                raise LookupError(f"LUFFY: the buffer holds no demonstration for prompt {item.prompt_index} "
-                                  "(load the teacher file into the buffer with add_demos before rollouts)")
-        samples, ratios = await self.sampler.sample_group(item, plan, demo)
+        samples, ratios = await self.sampler.sample_group(item, plan)
         meta: dict = {"actor_version": self.version, "epoch": epoch}
         if self.luffy:
             meta.update(prefix_ratios=ratios, demo_rows=plan.demo_rows)
@@ -313,19 +295,6 @@ class AsyncActor(WeightUpdates):
                      prompt_tokens=np.asarray(item.prompt_ids, dtype=np.int32), samples=samples,
                      ground_truth=item.ground_truth, data_source=item.data_source, actor_id=self.actor_id,
                      meta=meta)
-
-    async def _get_demos(self, indices: list[int]) -> dict:
-        """`get_demos`, retried while the buffer is unreachable (a transient outage must not cost
-        the prompt)."""
-        backoff = Backoff(0.05, 2.0)
-        while True:
-            try:
-                return await self.link.call("get_demos", indices)
-            except BufferDown as e:
-                if self._stop.is_set():
-                    raise
-                logger.warning("%s: %s", self.name, e)
-                await self._pause(backoff.next(), "credit_wait_s")
 
     async def stop(self, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop starting prompts. drain=True: finish the prompts in flight and deliver every group;
@@ -373,8 +342,5 @@ class AsyncActor(WeightUpdates):
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
                 "credits_held": self._credits, **delivery,
                 "reconnects": self.link.reconnects + self.credit_link.reconnects,
-                "cursor": self.cursor.state_dict(), "pid": os.getpid(),
-                # prompts handed out and not yet acknowledged by the buffer, consistent with "cursor":
-                # what a restarted successor must generate again (`actors.prompts` module docstring)
-                "unfinished": sorted([e, i] for e, i in self._unfinished),
+                "epoch": self.cursor.epoch, "pid": os.getpid(),
                 "engine_dead": bool(self.engine is not None and self.engine.errored)}

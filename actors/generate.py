@@ -82,9 +82,10 @@ class GroupSampler:
     def _seed(self) -> int | None:
         return self._rng.randrange(2**31 - 1024) if self.s.seeded else None
 
-    async def sample_group(self, item: PromptItem, plan: GroupPlan, demo_ids=None) -> tuple[list[Sample], list[float]]:
-        """The generated rows of one group (on-policy rows, then guided rows) and their prefix ratios.
-        Demonstration-only rows (rho = 1) are not produced here: the buffer attaches them."""
+    async def sample_group(self, item: PromptItem, plan: GroupPlan) -> tuple[list[Sample], list[float]]:
+        """The generated rows of one group (on-policy rows, then guided rows, prefixed by `item.demo_ids`)
+        and their prefix ratios. Demonstration-only rows (rho = 1) are not produced here: the buffer
+        attaches them."""
         T = self.s.max_tokens
         jobs, kinds = [], []
         if plan.on_policy:
@@ -92,9 +93,10 @@ class GroupSampler:
                                                                     self._seed()), "g"))
             kinds.append(("on", None, 0.0))
         for ratio in plan.guided:
-            if demo_ids is None:
-                raise ValueError(f"prompt {item.prompt_index}: guided rows need its demonstration")
-            engine_prompt, prefix = guided_request(item.prompt_ids, demo_ids, self.eos_id, ratio)
+            if item.demo_ids is None:
+                raise ValueError(f"LUFFY: prompt {item.prompt_index} has no demonstration; its guided rows need "
+                                 "one (a training prompt without a demonstration is dropped at load)")
+            engine_prompt, prefix = guided_request(item.prompt_ids, item.demo_ids, self.eos_id, ratio)
             budget = T - len(prefix)
             if budget > 0:
                 jobs.append(self._request(engine_prompt, self._params(1, budget, self.s.temperature,

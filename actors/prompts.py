@@ -7,14 +7,14 @@ skipped and counted, never silently truncated.
 
 Sharding: actor `a` of `N` owns prompts `a, a+N, a+2N, ...` of the dataset (by position), so the
 actors never duplicate work and the union of shards is the dataset. Each epoch over the shard is
-shuffled with a seed of (seed, actor, epoch); `PromptCursor.state_dict` records (epoch, position) for
-exact resume.
+shuffled with a seed of (seed, actor, epoch), so the order is a function of those three alone.
 
-A restarted actor takes over its predecessor's shard where it left off: the driver hands the new
-cursor the last (epoch, position) the dead actor reported (`load_state_dict`) and the prompts it had
-handed out but not delivered by then (`requeue`: served first); prompts handed out after that report
-lie beyond the position, so they come round again too. `skip` drops whatever was trained or is held
-by the buffer meanwhile, so a shard's prompt is neither lost with a crashed actor nor trained twice.
+A restarted actor (or every actor of a resumed run) takes over its shard by walking it from the top
+in that same order with `skip` = every (epoch, prompt) the driver's ledger accounts for (trained,
+discarded by the buffer, or held by it: `launch.ledger`): what its predecessor had in flight or
+undelivered is not in that set and so is generated again, and nothing in it is generated twice. The
+walk past settled epochs is set lookups only. `requeue` serves given keys first (prompts a dead
+buffer lost, `launch.buffer_keeper`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class PromptItem:
     """One prompt as the actor uses it. `prompt_index` is its index in the whole training set; `question`
-    and `extra` are what the reward is given as prompt and extra (`tasks.rewards`)."""
+    and `extra` are what the reward is given as prompt and extra (`tasks.rewards`); `demo_ids` is the
+    prompt's demonstration (ids + eos) when the algorithm needs one (LUFFY), so it reaches the actor with
+    its shard instead of by a request per guided prompt."""
 
     prompt_index: int
     prompt_ids: tuple[int, ...]
@@ -36,6 +38,7 @@ class PromptItem:
     data_source: str = ""
     question: str = ""
     extra: dict = field(default_factory=dict, hash=False, compare=False)
+    demo_ids: tuple[int, ...] | None = field(default=None, hash=False, compare=False)
 
 
 def encode_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
@@ -78,7 +81,7 @@ def shard(items: Sequence[PromptItem], actor_id: int, num_actors: int) -> list[P
 
 
 class PromptCursor:
-    """Endless iterator over a shard, reshuffled every epoch; resumable from `state_dict`."""
+    """Endless iterator over a shard, reshuffled every epoch (module docstring: resuming = `skip`)."""
 
     def __init__(self, items: Iterable[PromptItem], seed: int = 0, actor_id: int = 0, shuffle: bool = True):
         self.items = list(items)
@@ -127,12 +130,3 @@ class PromptCursor:
             self.position += 1
             if (self.epoch, item.prompt_index) not in self._skip:
                 return item, self.epoch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "size": len(self.items)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if int(state["size"]) != len(self.items):
-            raise ValueError(f"prompt cursor saved over {state['size']} prompts, this shard has {len(self.items)}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._make_order()

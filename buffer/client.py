@@ -52,7 +52,6 @@ from buffer.wire import (
     encode_group,
     encode_request,
     groups_from_reply,
-    parse_demos,
 )
 
 _REPLY_LIMITS = Limits(max_message_bytes=1 << 40, max_header_bytes=256 << 20, max_frames=1 << 22,
@@ -114,7 +113,7 @@ class BufferClient:
         self._wake_w.setblocking(False)
         self._interrupts: collections.deque = collections.deque()  # versions (None: cancel) from `interrupt`
         self._unclaimed = 0  # credit granted to requests this client gave up on (`_stray`)
-        self.last_pull: dict = {}  # version, lags, dropped_stale of the latest pull_batch
+        self.last_pull: dict = {}  # version, lags, dropped_stale, discarded of the latest pull_batch
         self._connect()
 
     # ---- plumbing --------------------------------------------------------------------------------------
@@ -341,12 +340,6 @@ class BufferClient:
         n, self._unclaimed = int(n) + self._unclaimed, 0
         self._check(self._call("release", {"n": max(0, min(n, 1 << 20))}))
 
-    def get_demos(self, prompt_indices: list[int]) -> dict[int, np.ndarray]:
-        """Demonstration tokens (int32) of the given prompts; prompts without one are absent."""
-        rep = self._call("get_demos", {"indices": [int(i) for i in prompt_indices]})
-        self._check(rep)
-        return {i: a for i, a, _ in parse_demos(rep.fields, rep.payload, _REPLY_LIMITS, "get_demos reply")}
-
     # ---- learner side ----------------------------------------------------------------------------------
     def set_version(self, version: int) -> None:
         self._check(self._call("set_version", {"version": int(version)}))
@@ -366,6 +359,7 @@ class BufferClient:
         if len(groups) != num_groups:
             raise BufferRequestError("bad_frames", f"asked for {num_groups} groups, got {len(groups)}")
         self.last_pull = {k: rep.fields.get(k) for k in ("version", "lags", "dropped_stale")}
+        self.last_pull["discarded"] = [(int(e), int(i)) for e, i in rep.fields.get("discarded", [])]
         return groups
 
     def add_demos(self, demos: dict[int, np.ndarray], rewards: dict[int, float] | float = 1.0) -> None:

@@ -6,6 +6,12 @@
 advances, and at serve time), applies the group filter after demonstrations are attached (so a LUFFY
 group whose on-policy rows all failed but whose teacher row succeeded is kept), and counts every drop,
 filter and rejection by reason.
+
+A group the buffer discards (filtered, or dropped as stale) settles its prompt for that epoch just as
+training it would: its (epoch, prompt) key is kept in `discarded` and handed to the learner with the
+next pull (`served_discarded`), so the driver's ledger -- the one owner of prompt progress -- knows it
+and no restarted actor or resumed run generates it again. Keys not yet handed over when the process
+dies are lost with it: those prompts are generated once more (work, not a correctness issue).
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from buffer.wire_group import WireGroup, attach_demo
 EPS = 1e-9
 
 
+def prompt_key(wg: WireGroup) -> list[int]:
+    """[epoch, prompt_index] of a group: the key of the driver's prompt ledger (`launch.ledger`)."""
+    return [int(wg.header["meta"].get("epoch", 0)), int(wg.prompt_index)]
+
+
 class BufferCore:
     def __init__(self, settings: BufferSettings, clock=time.monotonic):
         self.s = settings
@@ -38,6 +49,7 @@ class BufferCore:
         self.seen: OrderedDict[str, bool] = OrderedDict()  # group_id -> accepted (dedup window)
         self.counts: Counter = Counter()  # flat keys; "rejected/<reason>" etc. are nested in stats()
         self.lag_hist: Counter = Counter()
+        self.discarded: list[list[int]] = []  # [epoch, prompt] of discarded groups, until the next pull
 
     # ---- admission -------------------------------------------------------------------------------------
     @property
@@ -126,6 +138,7 @@ class BufferCore:
         why = self._filtered(wg)
         if why:
             self.counts[f"filtered/{why}"] += 1
+            self.discarded.append(prompt_key(wg))
             self._remember(gid, False)
             return False, f"filtered_{why}", f"group {gid!r}: mean reward {wg.rewards().mean():.3f} ({why} filter)"
         self.queue.append(wg)
@@ -148,6 +161,7 @@ class BufferCore:
         self.counts["dropped_stale"] += 1
         self.counts[f"dropped/{why}"] += 1
         self.counts["dropped_samples"] += wg.n
+        self.discarded.append(prompt_key(wg))
 
     def _purge(self, why: str) -> None:
         if any(is_stale(self.version, g.oldest_version, self.s.max_staleness) for g in self.queue):
@@ -197,9 +211,15 @@ class BufferCore:
             self.counts["samples_out"] += g.n
         return lags
 
-    def requeue_front(self, groups: list[WireGroup]) -> None:
-        """Put back groups whose reply could not be delivered (order kept)."""
+    def served_discarded(self) -> list[list[int]]:
+        """The discarded keys for the reply of a pull (`requeue_front` puts them back if it fails)."""
+        keys, self.discarded = self.discarded, []
+        return keys
+
+    def requeue_front(self, groups: list[WireGroup], discarded: list[list[int]] = ()) -> None:
+        """Put back groups (and discarded keys) whose reply could not be delivered (order kept)."""
         self.queue.extendleft(reversed(groups))
+        self.discarded[:0] = discarded
         self.counts["undelivered_batches"] += 1
 
     # ---- demonstrations --------------------------------------------------------------------------------
@@ -213,9 +233,6 @@ class BufferCore:
             self.demos[i] = (np.array(a, dtype="<i4"), float(r))  # own copy: the frame is not kept
         self.demo_tokens = new_total
         return len(items)
-
-    def get_demos(self, indices: list[int]) -> dict[int, np.ndarray]:
-        return {i: self.demos[i][0] for i in indices if i in self.demos}
 
     # ---- stats -----------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -243,5 +260,5 @@ class BufferCore:
             "lag_max": max(self.lag_hist) if self.lag_hist else 0,
             # (epoch, prompt_index) of every stored group: the launcher's prompt ledger counts these as
             # accepted, so restarted or resumed actors do not generate them again
-            "held_prompts": [[int(g.header["meta"].get("epoch", 0)), int(g.prompt_index)] for g in self.queue],
+            "held_prompts": [prompt_key(g) for g in self.queue],
         }

@@ -47,7 +47,7 @@ from buffer.checks import WireError
 from buffer.core import BufferCore
 from buffer.settings import BufferSettings
 from buffer.snapshot import restore_snapshot, write_snapshot
-from buffer.wire import Request, decode_request, encode_demos, encode_reply
+from buffer.wire import Request, decode_request, encode_reply
 
 log = logging.getLogger("buffer.service")
 
@@ -144,7 +144,7 @@ class BufferService:
         self.started = time.monotonic()
         self._handlers = {"ping": self._ping, "stats": self._stats, "credit": self._credit,
                           "release": self._release, "push": self._push, "set_version": self._set_version,
-                          "pull": self._pull, "add_demos": self._add_demos, "get_demos": self._get_demos,
+                          "pull": self._pull, "add_demos": self._add_demos,
                           "snapshot": self._snapshot, "restore": self._restore}
 
     # ---- loop ------------------------------------------------------------------------------------------
@@ -338,12 +338,13 @@ class BufferService:
             if groups is not None:
                 lags = [self.core.version - g.oldest_version if g.oldest_version is not None else 0 for g in groups]
                 payload = [f for g in groups for f in g.frames]
+                discarded = self.core.served_discarded()
                 fields = {"count": len(groups), "version": self.core.version, "lags": lags,
-                          "dropped_stale": self.core.counts["dropped_stale"]}
+                          "dropped_stale": self.core.counts["dropped_stale"], "discarded": discarded}
                 if self._reply(p.ident, p.req, fields=fields, payload=payload):
                     self.core.served(groups)
                 else:
-                    self.core.requeue_front(groups)
+                    self.core.requeue_front(groups, discarded)
             elif now >= p.deadline:
                 self._reply(p.ident, p.req, ok=False, reason="timeout",
                             message=f"only {len(self.core.queue)} of {p.num} groups available",
@@ -356,11 +357,6 @@ class BufferService:
     def _add_demos(self, ident, client, r: Request) -> None:
         n = self.core.add_demos(r.demos)
         self._reply(ident, r.req, fields={"stored": n, "demos_stored": len(self.core.demos)})
-
-    def _get_demos(self, ident, client, r: Request) -> None:
-        found = self.core.get_demos(r.fields["indices"])
-        fields, frames = encode_demos(found, {i: self.core.demos[i][1] for i in found})
-        self._reply(ident, r.req, fields=fields, payload=frames)
 
     def _snapshot(self, ident, client, r: Request) -> None:
         try:

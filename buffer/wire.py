@@ -14,10 +14,10 @@ Requests (client -> buffer) and their fields:
   release      n                        -> released
   push         count + count group units -> acks [[accepted, reason, message], ...]  (one per group)
   set_version  version                  -> version
-  pull         num_groups, timeout_ms [, version]  -> count, version, lags + count group units
-                                        (reason "timeout"; `version` = set_version first)
+  pull         num_groups, timeout_ms [, version]  -> count, version, lags, discarded + count group units
+                                        (reason "timeout"; `version` = set_version first; discarded =
+                                        [epoch, prompt] of groups filtered or dropped since the last pull)
   add_demos    demo block               -> stored
-  get_demos    indices                  -> demo block of the ones held
   snapshot | restore   path             -> path
 Replies: {"schema", "type": "reply", "req", "ok", "reason", "message", ...}.
 """
@@ -54,7 +54,7 @@ _INT_FIELDS = {
     "push": {"count": (1, 1 << 12)},
     "set_version": {"version": (0, MAX_INDEX)},
     "pull": {"num_groups": (1, 1 << 16), "timeout_ms": (0, 86_400_000)},
-    "add_demos": {}, "get_demos": {},
+    "add_demos": {},
     "snapshot": {}, "restore": {},
 }
 _OPTIONAL_INT_FIELDS = {"credit": {"wait_ms": (0, 86_400_000)}, "pull": {"version": (0, MAX_INDEX)}}
@@ -141,8 +141,6 @@ def decode_request(frames: list, limits: Limits) -> Request:
             raise WireError(C.BAD_FRAMES, f"{where}: takes no array frames, got {len(payload)}")
         if t == "add_demos":
             out.demos = parse_demos(h, payload, limits, where)
-        elif t == "get_demos":
-            C.int_list(h, "indices", where, limits.max_list, 0, MAX_INDEX)
         elif t in ("snapshot", "restore"):
             C.get_str(h, "path", where, MAX_PATH, allow_empty=False)
         return out

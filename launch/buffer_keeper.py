@@ -29,10 +29,10 @@ from pathlib import Path
 Key = tuple[int, int]
 
 
-def lost_prompts(delivered: Iterable, trained: Iterable, held: Iterable) -> list[Key]:
-    """Keys delivered to a dead buffer that were neither trained nor are held by its successor, in
-    the order delivered (see the module docstring)."""
-    gone = {tuple(k) for k in trained} | {tuple(k) for k in held}
+def lost_prompts(delivered: Iterable, settled: Iterable, held: Iterable) -> list[Key]:
+    """Keys delivered to a dead buffer that were neither settled (trained or discarded, per the ledger)
+    nor are held by its successor, in the order delivered (see the module docstring)."""
+    gone = {tuple(k) for k in settled} | {tuple(k) for k in held}
     out, seen = [], set()
     for k in map(tuple, delivered):
         if k not in gone and k not in seen:

@@ -20,7 +20,7 @@ Demonstration token ids end with the tokenizer's eos: a ρ = 1 LUFFY row is the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -160,8 +160,8 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
         log(f"[data] {data.demos_below_one} of {len(data.demos)} demonstrations from {source} score < 1 with the "
             "run's reward; their rows are trained with that score"
             + (f" ({errors} failed to score, first: {failed['reward_first_error']})" if errors else ""))
-        with_demo = {i for i in data.demos}
-        data.train = [it for it in train if it.prompt_index in with_demo]
+        data.train = [replace(it, demo_ids=tuple(int(t) for t in data.demos[it.prompt_index]))
+                      for it in train if it.prompt_index in data.demos]
         if not data.train:
             raise DataError(f"{source}: no training prompt has a demonstration")
     return data

@@ -98,7 +98,7 @@ class Driver:
         self.step = 0  # learner steps taken: the one owner of the weight version (`version`)
         self.resumed_from: tuple[Path, ...] = ()  # the checkpoint this run resumed from (never rotated out)
         self._stop_requested = False
-        self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (cursor, unfinished prompts)
+        self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (reward counters)
         self._reward_error_shown = False
         self._push_stats: dict = {}  # stats of the last push settled, not reported yet
         self._last_health = 0.0  # time.monotonic() of the last actor health check
@@ -178,9 +178,12 @@ class Driver:
             if self._stop_requested:
                 raise Stop
             try:
-                return self._to_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S)), time.monotonic() - t0
+                groups = self._to_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S))
             except TimeoutError:
                 self._check_actors()
+                continue
+            self.ledger.discard(self.client.last_pull["discarded"])  # settled by the buffer, not trained
+            return groups, time.monotonic() - t0
 
     def _check_actors(self) -> dict[int, str]:
         """Health check of the actors: restart the dead ones (`_restart`); returns {actor: why} of those."""
@@ -194,10 +197,11 @@ class Driver:
         return dead
 
     def _restart(self, dead: dict[int, str]) -> None:
-        """Replace dead actors: release their credit, start successors that resume each dead actor's
-        prompt cursor from its last report (re-queueing what it had not delivered; the ledger and the
-        buffer say what to skip), rebuild the weight-sync group, push the current weights to every
-        actor, and only then let the successors generate."""
+        """Replace dead actors: release their credit, start successors that walk the dead actor's shard
+        from the top skipping every prompt the ledger and the buffer account for (trained, discarded or
+        held: `launch.ledger`), so what it had in flight or undelivered is generated again; rebuild the
+        weight-sync group, push the current weights to every actor, and only then let the successors
+        generate."""
         t0 = time.monotonic()
         old_pids = {i: self.graph.pids[i] for i in dead}
         self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
@@ -206,27 +210,17 @@ class Driver:
                 ghost.release_credit(2**20)
         held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
         skip = self.ledger.accepted(held)
-        done = set(skip)
-        plans, notes = {}, {}
         for i in dead:
-            last = self._actor_reports.pop(i, None)
-            if last is None:  # died before its first report: its shard starts over, minus what is done
-                plans[i] = {"skip": skip}
-                notes[i] = "no report from it yet: its shard starts over, skipping prompts trained or buffered"
-                continue
-            requeue = [tuple(k) for k in last["unfinished"] if tuple(k) not in done]
-            plans[i] = {"skip": skip, "cursor": last["cursor"], "requeue": requeue}
-            c = last["cursor"]
-            notes[i] = (f"its prompts resume at epoch {c['epoch']}, position {c['position']}, "
-                        f"{len(requeue)} unfinished re-queued")
-        self.graph.replace_actors(plans, self.version)
+            self._actor_reports.pop(i, None)
+        self.graph.replace_actors(list(dead), skip, self.version)
         self.graph.connect_weight_sync()
         self.graph.push_weights(self.version)
-        self.graph.start_rollouts(list(plans))
+        self.graph.start_rollouts(list(dead))
         for i, why in dead.items():
             self.progress.message(f"[actor] actor {i} (pid {old_pids[i]}) died ({why}); restarted as pid "
                                   f"{self.graph.pids[i]} and re-synced to version {self.version} in "
-                                  f"{time.monotonic() - t0:.0f}s; {notes[i]}")
+                                  f"{time.monotonic() - t0:.0f}s; its shard resumes past the {len(skip)} prompts "
+                                  "trained, discarded or buffered")
         self.write_processes()
 
     def _to_buffer(self, call):
@@ -257,7 +251,7 @@ class Driver:
         # what the actors delivered since the snapshot, read before what the new buffer holds
         delivered = self.graph.delivered_since(info["since"]) if self.graph.actors else {}
         held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
-        lost = {i: lost_prompts(keys, self.ledger.trained, held) for i, keys in delivered.items()}
+        lost = {i: lost_prompts(keys, self.ledger.accepted(), held) for i, keys in delivered.items()}
         self.graph.requeue(lost)
         r = info["restored"]
         source = (f"{r.get('groups', 0)} groups restored from {info['snapshot']} ({r.get('excluded', 0)} trained "

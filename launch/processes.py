@@ -7,7 +7,8 @@ else a local Ray), the roles' placement groups are reserved before any role star
 each role runs in a bundle of its group with explicit resources (CPU shares, GPUs, custom resources)
 from the resolved config. A dead actor (its process gone, unresponsive, or its vLLM
 engine dead) is found by the health check the driver runs every step and whenever a weight push fails;
-`restart_actors` replaces it with a fresh one that resumes the dead actor's prompt cursor, and the
+`replace_actors` replaces it with a fresh one that walks the dead actor's shard past every prompt the
+ledger accounts for (`launch.ledger`), and the
 driver then rebuilds the weight-sync group (a failed group cannot be reused), pushes the current
 weights and only then lets the new actor generate (see `launch.driver.Driver._check_actors`).
 
@@ -208,8 +209,7 @@ class ProcessGraph:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         return env
 
-    def _new_actor(self, i: int, skip: list[Key], version: int, cursor: dict | None = None,
-                   requeue: list[Key] = ()):
+    def _new_actor(self, i: int, skip: list[Key], version: int):
         r = self.cfg.rollout
         env = self._actor_env(self.actor_cores[i])
         if self.serial:  # the engine processes inherit this process's environment
@@ -217,7 +217,7 @@ class ProcessGraph:
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
                           env=env, bundle=i, role=f"actor-{i}")
         return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, self.actor_cores[i],
-                    version, [list(k) for k in skip], cursor, [list(k) for k in requeue], self.secrets)
+                    version, [list(k) for k in skip], self.secrets)
 
     def start_actors(self, actor_cores: list, skip: list[Key], version: int = 0) -> None:
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:
@@ -308,16 +308,16 @@ class ProcessGraph:
             else:
                 self.log(f"[graph] actor {i} was not reported dead within {timeout_s:.0f}s of its kill")
 
-    def replace_actors(self, plans: dict[int, dict], version: int) -> None:
-        """Start successors of the (killed) actors of `plans` ({actor: {"skip", "cursor", "requeue"}},
-        see `ActorRole`) whose weights are labelled `version`; they start their engines but neither
-        join the weight sync nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
-        for i, p in plans.items():
-            self.actors[i] = self._new_actor(i, p["skip"], version, p.get("cursor"), p.get("requeue", ()))
-        pids = self._get([self.actors[i].start.remote() for i in plans])
-        for i, pid in zip(plans, pids):
+    def replace_actors(self, ids: list[int], skip: list[Key], version: int) -> None:
+        """Start successors of the (killed) actors `ids`, skipping the prompts `skip` (see `ActorRole`),
+        whose weights are labelled `version`; they start their engines but neither join the weight sync
+        nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
+        for i in ids:
+            self.actors[i] = self._new_actor(i, skip, version)
+        pids = self._get([self.actors[i].start.remote() for i in ids])
+        for i, pid in zip(ids, pids):
             self.pids[i] = pid
-        self.restarts += len(plans)
+        self.restarts += len(ids)
 
     def delivered_since(self, wall_time: float) -> dict[int, list]:
         """{actor: (epoch, prompt) keys the buffer acknowledged since `wall_time`}, asked of all at once."""

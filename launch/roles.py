@@ -197,11 +197,9 @@ class ActorRole:
     """One rollout actor (`actors.RolloutActor`) with its engine pinned to its cores."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts, cores: list[int] | None,
-                 initial_version: int = 0, skip: list | None = None, cursor: dict | None = None,
-                 requeue: list | None = None, secrets=None):
-        """skip: (epoch, prompt) pairs never to generate (trained, or held by the buffer); cursor and
-        requeue: where a crashed predecessor's shard resumes (`actors.prompts` module docstring);
-        secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
+                 initial_version: int = 0, skip: list | None = None, secrets=None):
+        """skip: (epoch, prompt) pairs never to generate (trained, discarded or held by the buffer:
+        `launch.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
         to_log_file()
         if cores:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
@@ -214,13 +212,8 @@ class ActorRole:
 
         self.actor = RolloutActor(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,
                                   prompts=prompts, initial_version=initial_version, secrets=secrets)
-        c = self.actor.core.cursor
         if skip:
-            c.skip(skip)
-        if cursor:
-            c.load_state_dict(cursor)
-        if requeue:
-            c.requeue(requeue)
+            self.actor.core.cursor.skip(skip)
 
     def start(self) -> int:
         self.actor.start()

@@ -1,9 +1,12 @@
 """LUFFY rows end to end: rho = 1 rows are attached by the buffer, 0 < rho < 1 rows are demonstration
-prefix (off-policy: prefix_mask, version -1, log mu 0) + a generated on-policy continuation."""
+prefix (off-policy: prefix_mask, version -1, log mu 0) + a generated on-policy continuation. The actor
+takes each prompt's demonstration from its prompt items (`PromptItem.demo_ids`, as `launch.data` loads
+them), the buffer from `add_demos`."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,12 +17,13 @@ from tests.actors.helpers import assert_same_group, hf_token_logprobs, load_hf, 
 pytestmark = pytest.mark.slow
 
 
-def luffy_run(make_actor, buffers, learner_client, demos, groups, **sets):
+def luffy_run(make_actor, buffers, learner_client, prompts, demos, groups, **sets):
     cfg = run_config(algo="luffy", buffer__max_staleness=2, **sets)
     _, address = buffers.start(cfg)
     learner = learner_client(address)
     learner.add_demos(demos)
-    actor = make_actor(cfg, address)
+    actor = make_actor(cfg, address, prompts=[replace(p, demo_ids=tuple(demos[p.prompt_index].tolist()))
+                                              for p in prompts])
     sent = record_sent(actor)
     assert actor.run(max_groups=groups) == groups
     pulled = pull_all(learner)
@@ -29,10 +33,10 @@ def luffy_run(make_actor, buffers, learner_client, demos, groups, **sets):
     return cfg, actor, pulled
 
 
-def test_prefix_rows_rho_one_and_fractional(make_actor, buffers, learner_client, demos, tokenizer, model_dir):
+def test_prefix_rows_rho_one_and_fractional(make_actor, buffers, learner_client, prompts, demos, tokenizer, model_dir):
     # fixed strategy, 3 guided rows of 4: ratios 0.5, 0.75, 1.0 and one on-policy row
     T = 64  # room for a continuation after 3/4 of a demonstration (<= 55 tokens)
-    cfg, actor, pulled = luffy_run(make_actor, buffers, learner_client, demos, 3, rollout__max_response_tokens=T,
+    cfg, actor, pulled = luffy_run(make_actor, buffers, learner_client, prompts, demos, 3, rollout__max_response_tokens=T,
                                    luffy__n_prefix=3,
                                    luffy__prefix_strategy="fixed", luffy__min_prefix_ratio=0.5,
                                    luffy__max_prefix_ratio=1.0)
@@ -64,12 +68,12 @@ def test_prefix_rows_rho_one_and_fractional(make_actor, buffers, learner_client,
     assert d.mean() < 1e-4
 
 
-def test_prefix_covering_the_answer_earns_the_reward(make_actor, buffers, learner_client, demos, tokenizer):
+def test_prefix_covering_the_answer_earns_the_reward(make_actor, buffers, learner_client, prompts, demos, tokenizer):
     """rho = 0.99 keeps the whole target (all but the eos) as prefix: the actor's own reward of that row
     is 1 (its text contains the teacher's boxed answer), through the real reward function."""
     from tasks.rewards import arithmetic  # the run's reward on the synthetic task (reward.fn unset)
 
-    _, _, pulled = luffy_run(make_actor, buffers, learner_client, demos, 2, rollout__max_response_tokens=96,
+    _, _, pulled = luffy_run(make_actor, buffers, learner_client, prompts, demos, 2, rollout__max_response_tokens=96,
                              luffy__n_prefix=1, luffy__prefix_strategy="fixed", luffy__min_prefix_ratio=0.99,
                              luffy__max_prefix_ratio=0.99)
     for g in pulled:

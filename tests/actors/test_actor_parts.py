@@ -103,44 +103,41 @@ def test_shards_partition_the_dataset():
         shard(data, 3, 3)
 
 
-def test_cursor_epochs_and_resume():
-    c = PromptCursor(items(5), seed=1, actor_id=0)
-    first = [c.next().prompt_index for _ in range(5)]
-    assert sorted(first) == list(range(5))
-    for _ in range(2):
-        c.next()
-    state = c.state_dict()
-    rest = [c.next().prompt_index for _ in range(6)]
-    d = PromptCursor(items(5), seed=1, actor_id=0)
-    d.load_state_dict(state)
-    assert [d.next().prompt_index for _ in range(6)] == rest
+def test_cursor_order_is_a_function_of_seed_actor_and_epoch():
+    """What lets a successor resume from the ledger alone: two cursors of the same shard hand out the
+    same sequence, epoch after epoch, and each epoch is a fresh permutation of the shard."""
+    c, d = PromptCursor(items(5), seed=1, actor_id=0), PromptCursor(items(5), seed=1, actor_id=0)
+    seq = [c.next_keyed() for _ in range(15)]
+    assert [(e, it.prompt_index) for it, e in seq] == [(e, it.prompt_index) for it, e in (d.next_keyed()
+                                                                                         for _ in range(15))]
+    epochs = [[it.prompt_index for it, e in seq if e == k] for k in range(3)]
+    assert all(sorted(ep) == list(range(5)) for ep in epochs) and len({tuple(ep) for ep in epochs}) > 1
     with pytest.raises(ValueError, match="empty"):
         PromptCursor([], actor_id=3)
 
 
-def test_successor_cursor_loses_no_prompt_of_a_crashed_actor():
-    """A restarted actor resumes its predecessor's last reported cursor, serves the prompts that were
-    unfinished at that report first, then continues the shard's order (prompts handed out after the
-    report come round again); prompts trained or buffered meanwhile are skipped."""
+def test_a_successor_walking_the_shard_past_the_ledger_loses_and_repeats_nothing():
+    """A crashed actor handed out all of epoch 0 and 4 prompts of epoch 1. The ledger accounts for
+    (trained, discarded or held) all but two of epoch 0 (in flight at the crash) and two of the four of
+    epoch 1 (one undelivered in its outbox, one running). Its successor, walking the shard from the top
+    with that set skipped, first generates exactly the four lost prompts, in shard order, then the rest
+    of epoch 1 -- each prompt of each epoch once."""
     def key(pair):
         item, epoch = pair
         return epoch, item.prompt_index
 
     dead = PromptCursor(items(10), seed=3, actor_id=1)
-    before = [key(dead.next_keyed()) for _ in range(4)]
-    report, unfinished = dead.state_dict(), before[2:]  # the last 2 were in flight at the report
-    after = [key(dead.next_keyed()) for _ in range(3)]  # handed out after the report; then it dies
-    done = {before[0], before[1], before[3], after[1]}  # trained or held by the buffer at the restart
+    handed = [key(dead.next_keyed()) for _ in range(14)]
+    lost = [handed[3], handed[8], handed[11], handed[13]]
+    settled = set(handed) - set(lost)
 
     succ = PromptCursor(items(10), seed=3, actor_id=1)
-    succ.skip(done)
-    succ.load_state_dict(report)
-    succ.requeue(unfinished)
-    got = [key(succ.next_keyed()) for _ in range(3)]
-    assert got == [before[2], after[0], after[2]]
-    assert set(before + after) == done | set(got)  # every prompt handed out: done, or generated again
-    nxt = key(succ.next_keyed())
-    assert nxt not in set(before + after)
+    succ.skip(settled)
+    got = [key(succ.next_keyed()) for _ in range(10)]
+    assert got[:4] == lost  # the lost prompts first, in the order the shard hands them out
+    assert got[4:] == [key(dead.next_keyed()) for _ in range(6)]  # then epoch 1 goes on where the dead one was
+    assert sorted(settled | set(got)) == [(e, i) for e in (0, 1) for i in sorted(it.prompt_index
+                                                                                for it in items(10))]
     with pytest.raises(ValueError, match="not in its shard"):
         succ.requeue([(0, 10_000)])
 

@@ -59,6 +59,22 @@ def test_stale_groups_are_dropped_and_counted_never_served():
         c.set_version(1)
 
 
+def test_discarded_prompts_are_handed_to_the_learner_once_and_put_back_with_an_undelivered_batch():
+    """Filtered and stale-dropped groups settle their (epoch, prompt) for the ledger (`launch.ledger`):
+    the keys go out with the next pull, once, and return to the list when that reply is not delivered."""
+    c = core(filter="extreme", max_staleness=1, batch_prompts=1)
+    c.push("a", wire(make_group("solved", rewards=[1, 1, 1, 1], prompt_index=7, meta={"epoch": 2})))
+    c.push("a", wire(make_group("old", version=0, prompt_index=8, meta={"epoch": 2})))
+    c.push("a", wire(make_group("new", version=2, prompt_index=9)))
+    c.set_version(2)  # drops "old"
+    assert [g.group_id for g in c.take(1)] == ["new"]  # held prompts are not discarded ones
+    keys = c.served_discarded()
+    assert keys == [[2, 7], [2, 8]] and c.served_discarded() == []
+    c.push("a", wire(make_group("late", version=0, prompt_index=5)))
+    c.requeue_front([], keys)  # the reply carrying them was not delivered
+    assert c.served_discarded() == [[2, 7], [2, 8], [0, 5]]
+
+
 def test_credit_is_consumed_by_push_and_released_by_drops_and_filters():
     c = core(filter="extreme", batch_prompts=4)
     assert c.request_credit("a", 8, 0) == 8  # (K + 1) * B
@@ -136,7 +152,7 @@ def test_snapshot_round_trip_and_bad_file_leaves_state(tmp_path):
     assert d.version == 1 and [g.group_id for g in d.queue] == ["g1", "g2"]
     for a, b in zip(c.queue, d.queue):
         assert_same_group(a.to_group(), b.to_group())
-    assert d.get_demos([3])[3].tolist() == [0, 1, 2, 3] and d.demos[3][1] == 0.5
+    assert d.demos[3][0].tolist() == [0, 1, 2, 3] and d.demos[3][1] == 0.5
     assert d.stats()["groups_in"] == 3 and d.push("a", wire(groups[0]))[1] == "duplicate"
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(WireError):

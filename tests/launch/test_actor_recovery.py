@@ -1,6 +1,6 @@
 """The driver's recovery from a dead actor, against a real buffer process and a stand-in process graph
 (the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`): what the successor
-skips, re-queues and resumes from, that the dead actor's credit is released, the order of restart ->
+skips (the ledger: trained, discarded, held), that the dead actor's credit is released, the order of restart ->
 weight-sync group -> push -> rollouts, that a weight push failed by a dead actor restarts it, and that
 the next version's push starts only after the previous one has landed."""
 
@@ -30,11 +30,7 @@ class StandInGraph:
         self.calls: list[tuple] = []
         self.dead: dict[int, str] = {}
         self.fail_next_push = False
-        self.reports = {
-            0: {"actor_id": 0, "cursor": {"epoch": 0, "position": 3, "size": 5}, "unfinished": [[0, 4]]},
-            1: {"actor_id": 1, "cursor": {"epoch": 0, "position": 4, "size": 5},
-                "unfinished": [[0, 3], [0, 5], [0, 7]]},
-        }
+        self.reports = {0: {"actor_id": 0}, 1: {"actor_id": 1}}
 
     def actor_stats(self):
         return {i: r for i, r in self.reports.items() if i not in self.dead}, dict(self.dead)
@@ -61,11 +57,11 @@ class StandInGraph:
                     assert dying.push_group(make_group(f"last-{prompt}", prompt_index=prompt,
                                                        meta={"epoch": epoch})).accepted
 
-    def replace_actors(self, plans, version):
-        self.calls.append(("restart", plans, version))
-        for i in plans:
+    def replace_actors(self, ids, skip, version):
+        self.calls.append(("restart", ids, skip, version))
+        for i in ids:
             self.pids[i] += 10
-        self.restarts += len(plans)
+        self.restarts += len(ids)
 
     def delivered_since(self, wall_time):
         self.calls.append(("delivered_since", wall_time))
@@ -108,19 +104,16 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
 
         assert driver._sync_weights() == {}  # the push in flight failed: the restart re-synced version 1
 
-        finish, kill, (_, plans, version), *rest = graph.calls
-        assert finish == ("finish",) and kill == ("kill", [1]) and version == 1 and list(plans) == [1]
+        finish, kill, (_, ids, skip, version), *rest = graph.calls
+        assert finish == ("finish",) and kill == ("kill", [1]) and version == 1 and ids == [1]
         # new group, a push that waits for every actor, and only then generate; no second push of version 1
         assert rest == [("connect",), ("push", 1), ("rollouts", [1])]
-        plan = plans[1]
-        assert plan["cursor"] == graph.reports[1]["cursor"]
-        assert set(plan["skip"]) == {(0, 1), (0, 3), (0, 5)}  # trained, trained, held by the buffer
-        assert plan["requeue"] == [(0, 7)]  # of its unfinished prompts, the one neither trained nor held
+        assert set(skip) == {(0, 1), (0, 3), (0, 5)}  # trained, trained, held by the buffer: the rest is redone
         assert driver.client.stats()["credits_outstanding"] == 0  # the dead actor's credit was released
         assert any(m.startswith("[actor] a weight push failed (weight push #3 failed") for m in said)
         assert ("[actor] actor 1 (pid 101) died (process gone: ActorDiedError); restarted as pid 111 and "
                 "re-synced to version 1") in said[-1]
-        assert "resume at epoch 0, position 4, 1 unfinished re-queued" in said[-1]
+        assert said[-1].endswith("its shard resumes past the 3 prompts trained, discarded or buffered")
 
         graph.calls = []
         assert driver._sync_weights() == {"gbps": 1.0}  # the previous push's stats; this version's starts
@@ -134,38 +127,51 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
         driver.client.close()
 
 
-def test_an_actor_dead_before_its_first_report_restarts_its_shard_from_the_top(buffer, tmp_path):
-    graph = StandInGraph(buffer)
-    graph.dead = {0: "its vLLM engine died"}
-    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+def test_a_successor_skips_prompts_the_buffer_discarded_as_well_as_trained_ones(buffer, tmp_path):
+    """Prompt progress has one owner: a group the buffer drops (here: stale on arrival) settles its prompt
+    as training would. The pull that follows reports its key, the ledger records it, and a restarted
+    actor skips it -- with no report of its own about where it was."""
+    graph, cfg = StandInGraph(buffer), RunConfig()
+    cfg.learner.batch_prompts = 2  # the buffer's batch
+    driver = Driver(cfg, graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
-        driver.ledger.record(0, [(0, 2)])
+        driver.client.set_version(2)
+        driver.step = 2
+        with BufferClient(buffer, "actor-0") as actor:
+            assert actor.push_group(make_group("old", prompt_index=9, version=0, meta={"epoch": 1})).reason == "stale"
+            for i in (2, 4):
+                assert actor.push_group(make_group(f"g{i}", prompt_index=i, version=2, meta={"epoch": 1})).accepted
+        groups, _ = driver._pull()
+        assert sorted(g.prompt_index for g in groups) == [2, 4] and driver.ledger.discarded == {(1, 9)}
+        driver.ledger.record(2, [(1, 2), (1, 4)])
+        graph.dead = {0: "its vLLM engine died"}
         assert driver._check_actors() == {0: "its vLLM engine died"}
-        kill, (_, plans, _), *_ = graph.calls
-        assert kill == ("kill", [0])  # stopped before its successor's plan is made
-        assert plans == {0: {"skip": [(0, 2)]}}  # fresh cursor, minus what was trained or is held
+        kill, (_, ids, skip, _), *_ = graph.calls
+        assert kill == ("kill", [0]) and ids == [0]  # stopped before its successor's plan is made
+        assert skip == [(1, 2), (1, 4), (1, 9)]  # trained, trained, discarded
         assert json.loads((tmp_path / "processes.json").read_text())["actor/0"] == {"pid": 110, "host": "here"}
+        state = driver.ledger.state_dict()  # a checkpoint keeps the discarded keys too
+        assert type(driver.ledger).from_state_dict(json.loads(json.dumps(state))).accepted() == skip
     finally:
         driver.client.close()
 
 
 def test_an_actor_declared_dead_is_killed_before_its_successor_plan_is_made(buffer, tmp_path):
     """The restart race: a health check that timed out declares actor 1 dead while it still runs, and it
-    delivers prompt (0, 7) before it dies. Planned before the kill (the old order), (0, 7) was both
-    re-queued and held by the buffer: generated again and trained twice. Killed first, the plan sees
+    delivers prompt (0, 7) before it dies. Planned before the kill (the old order), the plan missed
+    (0, 7) though the buffer holds it: generated again and trained twice. Killed first, the plan sees
     it held, so it is skipped."""
     graph = StandInGraph(buffer)
     graph.last_words = {1: [(0, 7)]}
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
-        assert driver._check_actors() == {}  # its report lists (0, 3), (0, 5), (0, 7) as unfinished
+        assert driver._check_actors() == {}  # it has (0, 7) in flight
         graph.dead = {1: "no answer within 30s"}
         driver._check_actors()
-        plan = graph.calls[1][1][1]
-        assert (0, 7) in plan["skip"] and (0, 7) not in plan["requeue"]
-        assert plan["requeue"] == [(0, 3), (0, 5)]
+        skip = graph.calls[1][2]
+        assert (0, 7) in skip  # delivered as it died: held by the buffer, so not generated again
     finally:
         driver.client.close()
 
@@ -185,8 +191,8 @@ def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
     try:
         driver.step = 2  # = version 2
         assert driver._sync_weights() == {}
-        kill, (_, plans, version), *rest = graph.calls
-        assert kill == ("kill", [0]) and list(plans) == [0] and version == 2
+        kill, (_, ids, _, version), *rest = graph.calls
+        assert kill == ("kill", [0]) and ids == [0] and version == 2
         assert rest == [("connect",), ("push", 2), ("rollouts", [0])]
     finally:
         driver.client.close()

@@ -45,6 +45,9 @@ def test_a_wrong_teacher_trace_scores_zero_at_load(run_data):
     assert said[0].startswith("[data] ") and ": 5 rows, layout veRL (" in said[0]  # the teacher file's layout
     assert len(said) == 2 and said[1].startswith("[data] 1 of 5 demonstrations from ")
     assert "score < 1" in said[1]
+    # each training prompt carries its demonstration to the actor (no request per guided prompt)
+    assert [list(it.demo_ids) for it in data.train] == [data.demos[it.prompt_index].tolist() for it in data.train]
+    assert len(data.train) == 5 and data.train[0].demo_ids[-1] == build_tokenizer().eos_token_id
 
 
 def test_the_buffer_attaches_the_wrong_trace_with_its_score(run_data, tmp_path):
