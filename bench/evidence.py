@@ -9,10 +9,14 @@ so a study can be stopped and continued, and `--reuse` re-analyses without start
 Studies (STUDIES below holds the exact overrides):
   luffy      a weak start (model.sft_warmup_steps small: greedy held-out accuracy near 0) — GRPO against
              LUFFY with teacher rows from the task's reference solutions, equal samples.
+  luffy-beyond  a model that has the format but not the task: the shipped warm model (300 SFT steps on the
+             2-digit task), trained on 3-digit +/− (held-out accuracy near 0 at the start) — GRPO against
+             LUFFY, equal samples. Every arm of a seed starts from the same model (`warm_start`).
   dense      the quick-start task (2-digit +/−, column steps with carries, rule step checker): RLOO (outcome
              only), PURE min-form, PURE sum-form (credit=gamma, γ=1: step scores summed), PRIME (implicit
              PRM trained online) — samples to reach the start + `threshold` accuracy.
-  pacs       GRPO against PACS with weight_mode question (class-balanced) and none, equal samples.
+  pacs       GRPO against PACS with each weight_mode (question = class-balanced, only_positive,
+             only_negative, none), equal samples.
   staleness  learner.mini_batches 4 × epochs 2 (8 optimiser steps per learner step: the PPO clip acts and
              the learner is slower than the actors, so the buffer fills and rows reach the bound K),
              K ∈ {0, 2, 8, 16} × loss.is_correction ∈ {none, tis, decoupled}; K = 0 once (tis), where the
@@ -86,6 +90,9 @@ class Study:
     baseline: str  # arm the others are compared with, seed by seed
     common: tuple[str, ...] = ()
     threshold: float = 0.10  # gain over the run's own start that counts as "reached"
+    # start from the tiny model warmed up (SFT) under these overrides of the grpo config, not on the run's
+    # own task (None: each run warms up as its config says)
+    warm_start: tuple[str, ...] | None = None
 
 
 WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
@@ -97,6 +104,11 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "succeed; on-policy RL stays near flat there",
           (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
           common=(f"model.sft_warmup_steps={WEAK_SFT_STEPS}",), threshold=0.05),
+    Study("luffy-beyond", "LUFFY against GRPO on a task beyond the model (2-digit warm-up, 3-digit task)",
+          "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
+          "succeed; on-policy RL stays near flat there",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
+          common=("data.arithmetic.min_digits=3", "data.arithmetic.max_digits=3"), threshold=0.05, warm_start=()),
     Study("dense", "Dense rewards: PURE and PRIME against outcome-only RLOO",
           "PRIME (Cui et al. 2025): 2.5x the sample efficiency of outcome-only RLOO; PURE (Cheng et al. 2025): "
           "min-form credit assignment avoids the reward hacking that sum-form credit suffers",
@@ -105,7 +117,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("pacs", "PACS against GRPO",
           "PACS (Li et al. 2025): reframing RLVR as supervised learning of a score (BCE on β·log-ratio) beats "
           "PPO/GRPO at equal samples",
-          (Arm("grpo", "grpo"), Arm("pacs-question", "pacs"), Arm("pacs-none", "pacs", ("pacs.weight_mode=none",))),
+          (Arm("grpo", "grpo"), Arm("pacs-question", "pacs"),
+           *(Arm(f"pacs-{m.replace('_', '-')}", "pacs", (f"pacs.weight_mode={m}",))
+             for m in ("only_positive", "only_negative", "none"))),
           steps=100, eval_every=10, baseline="grpo"),
     Study("staleness", "Staleness K and the correction, with a trust region that acts",
           "AReaL (Fu et al. 2025): naive PPO collapses at staleness 4 while the decoupled objective holds up to 8",
@@ -118,8 +132,19 @@ COST_FROM = ("dense", "pacs")
 
 
 def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
-    return [*study.common, *arm.overrides, f"seed={seed}", f"learner.steps={study.steps}",
+    return [*warm_model(study, seed), *study.common, *arm.overrides, f"seed={seed}", f"learner.steps={study.steps}",
             f"learner.eval_every={study.eval_every}"]
+
+
+def warm_model(study: Study, seed: int) -> list[str]:
+    """`model.path=` the study's warm start for `seed` (built and cached by `launch.model_prep` if missing)."""
+    if study.warm_start is None:
+        return []
+    from configs.loading import resolve
+    from launch.model_prep import prepare_model
+
+    cfg = resolve("grpo", overrides=[*study.warm_start, f"seed={seed}"])
+    return [f"model.path={prepare_model(cfg, log=log).resolve()}"]
 
 
 def analyse(rows: list[dict], steps: int, threshold: float) -> dict:
