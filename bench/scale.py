@@ -4,7 +4,7 @@ processes whose vLLM generation is replaced by a timer. No engine, no learner, n
 What is real:
   - the buffer service process (`buffer.service`: admission, FIFO, staleness drops);
   - the driver side: one `BufferClient` pulling batches of B groups, then (like `launch.driver`) the weight
-    push, `set_version` and a `stats` call every step;
+    push and `set_version` (whose reply carries the buffer's stats) every step;
   - in each of N forked actor processes the production actor (`actors.core.AsyncActor`): credit requests,
     the width-bounded admit loop, the `Outbox` and its re-sends, the reconnecting `BufferLink`s.
 What is simulated:
@@ -17,7 +17,7 @@ What is simulated:
 Per N it prints one JSON line and a table row:
   fairness     Jain's index (Σx)² / (N·Σx²) of x = groups of each actor the learner trained (steps after
                the warm-up); 1 = equal shares, 1/N = one actor got everything
-  overhead     driver time per step outside pull, step and push (set_version, stats, batch checks):
+  overhead     driver time per step outside pull, step and push (set_version with its stats, batch checks):
                mean and max, and the mean as a share of the step
   msgs/s       requests the buffer received per second (its `messages` counter; all clients)
   above bound  rows trained whose staleness (learner version − the row's oldest token version) exceeds K:
@@ -191,8 +191,7 @@ def run_one(n: int, step_s: float, steps: int, warmup: int, nice: int) -> dict:
             for c in pipes:  # the weight push
                 c.send_bytes(str(version).encode())
             t_push = time.monotonic() - t2
-            client.set_version(version)
-            stats = client.stats()
+            stats = client.set_version(version)  # the buffer's stats come with it
             if step >= warmup:
                 for g in groups:
                     per_actor[g.actor_id] += 1

@@ -341,8 +341,11 @@ class BufferClient:
         self._check(self._call("release", {"n": max(0, min(n, 1 << 20))}))
 
     # ---- learner side ----------------------------------------------------------------------------------
-    def set_version(self, version: int) -> None:
-        self._check(self._call("set_version", {"version": int(version)}))
+    def set_version(self, version: int) -> dict:
+        """Tell the buffer the learner's version; returns the buffer's `stats` as of just after it."""
+        rep = self._call("set_version", {"version": int(version)})
+        self._check(rep)
+        return rep.fields["stats"]
 
     def pull_batch(self, num_groups: int, timeout_s: float, version: int | None = None) -> list[Group]:
         """Exactly `num_groups` whole groups, FIFO, none staler than max_staleness; TimeoutError if the buffer

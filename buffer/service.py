@@ -258,12 +258,15 @@ class BufferService:
         self._reply(ident, r.req, fields={"version": self.core.version})
 
     def _stats(self, ident, client, r: Request) -> None:
+        self._reply(ident, r.req, fields={"stats": self._stats_now()})
+
+    def _stats_now(self) -> dict:
         s = self.core.stats()
         s.update(pending_pulls=len(self.pending), pending_credit_requests=len(self.pending_credit),
                  uptime_s=time.monotonic() - self.started, address=self.address, bind_address=self.bind_address,
                  auth=self._auth_stats(), max_message_mb=self.settings.max_message_mb,
                  undeliverable_replies=self.core.counts["undeliverable_replies"], messages=self.core.counts["messages"])
-        self._reply(ident, r.req, fields={"stats": s})
+        return s
 
     def _auth_stats(self) -> dict:
         return self.gate.stats() if self.gate else {"curve": False, "refused": 0}
@@ -316,7 +319,9 @@ class BufferService:
 
     def _set_version(self, ident, client, r: Request) -> None:
         self.core.set_version(r.fields["version"])
-        self._reply(ident, r.req, fields={"version": self.core.version})
+        # the stats ride along: the driver's one round trip after a step, answered before the credit this
+        # version frees wakes the actors (their requests would queue ahead of a separate `stats`)
+        self._reply(ident, r.req, fields={"version": self.core.version, "stats": self._stats_now()})
 
     def _pull(self, ident, client, r: Request) -> None:
         num = r.fields["num_groups"]

@@ -13,7 +13,7 @@ Requests (client -> buffer) and their fields:
   credit       want, actor_version [, wait_ms]  -> granted, learner_version  (waits up to wait_ms for room)
   release      n                        -> released
   push         count + count group units -> acks [[accepted, reason, message], ...]  (one per group)
-  set_version  version                  -> version
+  set_version  version                  -> version, stats (as `stats` returns them)
   pull         num_groups, timeout_ms [, version]  -> count, version, lags, discarded + count group units
                                         (reason "timeout"; `version` = set_version first; discarded =
                                         [epoch, prompt] of groups filtered or dropped since the last pull)

@@ -340,12 +340,11 @@ class Driver:
                 t0 = time.monotonic()
                 sync = self._sync_weights()  # sync: the previous version's push, which overlapped this step
                 sync_s = time.monotonic() - t0
-                self._to_buffer(lambda c: c.set_version(self.version))
+                buf = self._to_buffer(lambda c: c.set_version(self.version))  # with the buffer's stats
                 now = time.monotonic()
                 samples = sum(g.n for g in groups)
                 generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
                 tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
-                buf = self._to_buffer(lambda c: c.stats())
                 metrics |= {
                     "version": self.version,
                     "accuracy/train": sum(r >= 1.0 for r in generated) / len(generated) if generated else None,
