@@ -225,8 +225,10 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         f"{', '.join(study.common) or 'none'}; per arm: "
         + "; ".join(f"{a.name} = `--algo {a.algo}`" + (f" {' '.join(a.overrides)}" if a.overrides else "")
                     for a in study.arms) + ".",
-        f"Machine: {m.get('cpu', '?')}, {m['cpus']} cores; 1-minute load {min(loads, default=0):.1f}–"
-        f"{max(loads, default=0):.1f} during the runs (seconds per sample are only comparable at similar load).", "",
+        f"Machine: {m.get('cpu', '?')}, {m['cpus']} cores; "
+        + (f"1-minute load {min(loads):.1f}–{max(loads):.1f} during the runs started by this command" if loads
+           else "the load during the runs is in the log of the command that ran them (not re-read by --reuse)")
+        + " (seconds per sample are only comparable at similar load).", "",
         markdown_table(heads, rows), "", f"Plot: `bench/evidence_{study.name}.png`.", ""])
 
 
