@@ -342,5 +342,5 @@ class AsyncActor(WeightUpdates):
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
                 "credits_held": self._credits, **delivery,
                 "reconnects": self.link.reconnects + self.credit_link.reconnects,
-                "epoch": self.cursor.epoch, "pid": os.getpid(),
+                "pid": os.getpid(),
                 "engine_dead": bool(self.engine is not None and self.engine.errored)}

@@ -109,6 +109,10 @@ class Driver:
         (the buffer, the actors and the checkpoints are told it; none of them keeps its own count)."""
         return self.step
 
+    def _held_prompts(self) -> list[Key]:
+        """(epoch, prompt) of every group the buffer holds now."""
+        return [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+
     def _add_demos(self) -> None:
         if self.data.demos:
             self.client.add_demos({int(k): v for k, v in self.data.demos.items()}, rewards=self.data.demo_rewards)
@@ -132,7 +136,7 @@ class Driver:
         if self.keeper is not None:  # the buffer's state as of now, until the first timer snapshot
             self.keeper.taken(ckpt / extra["buffer_snapshot"], began)
         self.client.set_version(self.version)
-        held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+        held = self._held_prompts()
         self.progress.message(f"[resume] {ckpt}: step {self.step}, version {self.version}, "
                               f"{len(self.ledger.trained)} prompts trained, {len(held)} held by the buffer")
         return self.ledger.accepted(held)
@@ -208,7 +212,7 @@ class Driver:
         for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
             with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
                 ghost.release_credit(2**20)
-        held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+        held = self._held_prompts()
         skip = self.ledger.accepted(held)
         for i in dead:
             self._actor_reports.pop(i, None)
@@ -250,8 +254,9 @@ class Driver:
         self.client.set_version(self.version)
         # what the actors delivered since the snapshot, read before what the new buffer holds
         delivered = self.graph.delivered_since(info["since"]) if self.graph.actors else {}
-        held = [tuple(k) for k in self.client.stats().get("held_prompts", [])]
-        lost = {i: lost_prompts(keys, self.ledger.accepted(), held) for i, keys in delivered.items()}
+        held = self._held_prompts()
+        settled = self.ledger.accepted()  # trained or discarded
+        lost = {i: lost_prompts(keys, settled, held) for i, keys in delivered.items()}
         self.graph.requeue(lost)
         r = info["restored"]
         source = (f"{r.get('groups', 0)} groups restored from {info['snapshot']} ({r.get('excluded', 0)} trained "
