@@ -26,13 +26,14 @@ with the extension stretches the decay deliberately, and the LR moves at once to
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from learner.committed import committed_steps
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints")
 
@@ -89,13 +90,9 @@ def clear_run_dir(run_dir: Path) -> None:
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
-    """Step of the newest complete checkpoint of a run folder (`checkpoints/step_<N>` holding its
-    COMMITTED marker), or None. The rule of `learner.checkpoint.latest_checkpoint`, without importing
-    torch, so a finished run answers at once."""
-    root = Path(run_dir) / "checkpoints"
-    steps = [int(m.group(1)) for d in (root.iterdir() if root.is_dir() else ())
-             if (m := re.fullmatch(r"step_(\d+)", d.name)) and (d / "COMMITTED").is_file()]
-    return max(steps, default=None)
+    """Step of the newest complete checkpoint of a run folder (`learner.committed`), or None."""
+    found = committed_steps(Path(run_dir) / "checkpoints")
+    return found[-1][0] if found else None
 
 
 def finished_message(run_dir: Path, step: int, steps: int) -> str:

@@ -39,7 +39,6 @@ import copy
 import json
 import os
 import random
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -57,12 +56,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from learner.committed import COMMITTED, committed_steps
 from learner.fsdp import ensure_sharded, hf_name
 
 STATE_FILE = "learner_state.json"
-COMMITTED = "COMMITTED"
 EXPORT_SHARD_BYTES = 2 << 30  # an export's weights files hold at most this many bytes each (serving dtype)
-_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def _barrier() -> None:
@@ -106,10 +104,6 @@ def stage(final: Path) -> Path:
     return staged
 
 
-def is_committed(path: Path) -> bool:
-    return (Path(path) / COMMITTED).is_file()
-
-
 def commit(staged: Path, final: Path) -> Path:
     """Make the staged checkpoint `final`: fsync its files, write COMMITTED (last), rename into place.
     One process calls it (the driver), after everything the checkpoint holds is in `staged`."""
@@ -128,17 +122,9 @@ def commit(staged: Path, final: Path) -> Path:
     return final
 
 
-def _committed_steps(root: Path) -> list[tuple[int, Path]]:
-    """(N, directory) of every committed `step_<N>` under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), d) for d in root.iterdir() if (m := _STEP_DIR.fullmatch(d.name)) and is_committed(d)]
-    return sorted(found)
-
-
 def latest_checkpoint(checkpoints_dir: str | Path) -> Path | None:
     """The committed `step_<N>` directory with the largest N, or None."""
-    found = _committed_steps(Path(checkpoints_dir))
+    found = committed_steps(Path(checkpoints_dir))
     return found[-1][1] if found else None
 
 
@@ -147,7 +133,7 @@ def rotate(checkpoints_dir: str | Path, keep: int, protect: tuple[Path, ...] = (
     (e.g. the one the run resumed from), and leftovers of crashed saves (`.step_*` directories); the
     newest committed one is never deleted. Returns the checkpoints deleted."""
     root = Path(checkpoints_dir)
-    found = _committed_steps(root)
+    found = committed_steps(root)
     kept = {d.resolve() for d in protect} | {d.resolve() for _, d in found[-max(keep, 1):]}
     doomed = [d for _, d in found if keep and d.resolve() not in kept]
     for d in doomed:

@@ -223,3 +223,10 @@ def test_quiet_console_environment(monkeypatch):
     # the config.yaml of a run that kept the default shows it
     assert "verbose: false" in dump_annotated(cfg)
     assert yaml.safe_load(dump_annotated(cfg))["logging"]["verbose"] is False
+
+
+def test_the_run_folder_rules_answer_without_importing_torch():
+    """`algo-train --resume` of a finished run answers at once: the committed-checkpoint rule it reads
+    (`learner.committed`, shared with `learner.checkpoint`) imports no torch."""
+    code = "import sys, launch.rundir; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
