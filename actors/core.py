@@ -115,7 +115,7 @@ class AsyncActor(WeightUpdates):
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
-        self._delivered.append((time.time(), (int(group.meta.get("epoch", 0)), group.prompt_index)))
+        self._delivered.append((time.time(), group.key))
 
     def delivered_since(self, wall_time: float) -> list[tuple[int, int]]:
         """(epoch, prompt) of the groups the buffer acknowledged at or after `wall_time` (time.time()),

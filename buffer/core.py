@@ -30,11 +30,6 @@ from buffer.wire_group import WireGroup, attach_demo
 EPS = 1e-9
 
 
-def prompt_key(wg: WireGroup) -> list[int]:
-    """[epoch, prompt_index] of a group: the key of the driver's prompt ledger (`launch.ledger`)."""
-    return [int(wg.header["meta"].get("epoch", 0)), int(wg.prompt_index)]
-
-
 class BufferCore:
     def __init__(self, settings: BufferSettings, clock=time.monotonic):
         self.s = settings
@@ -138,7 +133,7 @@ class BufferCore:
         why = self._filtered(wg)
         if why:
             self.counts[f"filtered/{why}"] += 1
-            self.discarded.append(prompt_key(wg))
+            self.discarded.append(list(wg.key))
             self._remember(gid, False)
             return False, f"filtered_{why}", f"group {gid!r}: mean reward {wg.rewards().mean():.3f} ({why} filter)"
         self.queue.append(wg)
@@ -161,7 +156,7 @@ class BufferCore:
         self.counts["dropped_stale"] += 1
         self.counts[f"dropped/{why}"] += 1
         self.counts["dropped_samples"] += wg.n
-        self.discarded.append(prompt_key(wg))
+        self.discarded.append(list(wg.key))
 
     def _purge(self, why: str) -> None:
         if any(is_stale(self.version, g.oldest_version, self.s.max_staleness) for g in self.queue):
@@ -260,5 +255,5 @@ class BufferCore:
             "lag_max": max(self.lag_hist) if self.lag_hist else 0,
             # (epoch, prompt_index) of every stored group: the launcher's prompt ledger counts these as
             # accepted, so restarted or resumed actors do not generate them again
-            "held_prompts": [prompt_key(g) for g in self.queue],
+            "held_prompts": [list(g.key) for g in self.queue],
         }

@@ -20,6 +20,14 @@ import numpy as np
 
 DEMO_VERSION = -1  # version stamped on demonstration (off-policy) tokens
 
+Key = tuple[int, int]  # (epoch, prompt_index): the key of the driver's prompt ledger (`launch.ledger`)
+
+
+def prompt_key(meta: dict, prompt_index: int) -> Key:
+    """The ledger key of a group from its `meta` and prompt index (epoch 0 when meta has none): the one
+    rule, used for `Group`s (`Group.key`) and the buffer's stored wire groups (`WireGroup.key`)."""
+    return int(meta.get("epoch", 0)), int(prompt_index)
+
 
 @dataclass
 class Sample:
@@ -50,6 +58,10 @@ class Group:
     @property
     def n(self) -> int:
         return len(self.samples)
+
+    @property
+    def key(self) -> Key:
+        return prompt_key(self.meta, self.prompt_index)
 
     def oldest_version(self) -> int | None:
         """Oldest weight version among the group's generated tokens; None if it has none (all demos)."""

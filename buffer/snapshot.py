@@ -73,11 +73,6 @@ def _count(x) -> bool:
     return C.is_int(x) and x >= 0
 
 
-def group_key(g) -> tuple[int, int]:
-    """(epoch, prompt_index) of a stored group: the key of the launcher's prompt ledger."""
-    return int(g.header["meta"].get("epoch", 0)), int(g.prompt_index)
-
-
 def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dict:
     """Replace `core`'s state with the file's; raises WireError (state untouched) if anything is wrong.
     `exclude`: (epoch, prompt_index) keys whose groups are not restored (a restarted buffer must not
@@ -118,7 +113,7 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
     if len(set(ids)) != len(ids):
         raise WireError(C.BAD_VALUE, f"snapshot {path}: a group id appears twice")
     drop = {(int(e), int(i)) for e, i in exclude}
-    kept = deque(g for g in groups if group_key(g) not in drop)
+    kept = deque(g for g in groups if g.key not in drop)
     # Everything validated: swap it in.
     core.version = version
     core.served_at_version = 0

@@ -20,7 +20,7 @@ import numpy as np
 from buffer import checks as C
 from buffer.checks import SCHEMA_VERSION, Limits, WireError
 from buffer.group_header import DTYPES, FIELDS, check_group_header, header_ok
-from buffer.records import DEMO_VERSION, Group, Sample
+from buffer.records import DEMO_VERSION, Group, Sample, prompt_key
 
 GROUP_FRAMES = 2
 
@@ -128,6 +128,7 @@ class WireGroup:
     n = property(lambda self: len(self.header["lengths"]))
     demo_rows = property(lambda self: self.header["meta"].get("demo_rows", 0))
     demos_attached = property(lambda self: self.header.get("demos_attached", 0))
+    key = property(lambda self: prompt_key(self.header["meta"], self.header["prompt_index"]))
 
     def rewards(self) -> np.ndarray:
         return np.asarray(self.header["rewards"], dtype=np.float64)

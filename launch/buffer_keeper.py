@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-Key = tuple[int, int]
+from buffer.records import Key
 
 
 def lost_prompts(delivered: Iterable, settled: Iterable, held: Iterable) -> list[Key]:

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import algos
 from buffer.client import BufferClient, BufferUnavailable
+from buffer.records import Key
 from configs.schema import RunConfig
 from launch.buffer_keeper import BufferKeeper, lost_prompts
 from launch.data import RunData
-from launch.ledger import Key, PromptLedger
+from launch.ledger import PromptLedger
 from launch.metrics import MetricsWriter, done_line, run_summary, wandb_init
 from launch.processes import ProcessGraph
 from launch.progress import Progress
@@ -336,7 +337,7 @@ class Driver:
             t_loop = t_last = time.monotonic()
             while self.step < lc.steps:
                 groups, wait_s = self._pull()
-                keys = [(int(g.meta.get("epoch", 0)), g.prompt_index) for g in groups]
+                keys = [g.key for g in groups]
                 self.ledger.record(self.step, keys)
                 t0 = time.monotonic()
                 metrics = self.graph.step(groups, self.version)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-Key = tuple[int, int]  # (epoch, prompt_index)
+from buffer.records import Key
 
 
 @dataclass

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import algos
+from buffer.records import Key
 from configs.schema import RunConfig
 from launch.data import RunData
-from launch.ledger import Key
 from launch.roles import LOG_FILE_ENV, ActorRole, LearnerRank
 
 
