@@ -206,8 +206,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"algo-train eval: {e}", file=sys.stderr)
         return 2
-    if not args.verbose:  # as a run's console (launch.train.QUIET_ENV); set before vLLM/transformers load
-        from launch.train import quiet_env
+    if not args.verbose:  # as a run's console (launch.console); set before vLLM/transformers load
+        from launch.console import quiet_env
 
         os.environ.update(quiet_env(cfg, starts_local_ray=False, environ=os.environ))
         warnings.filterwarnings("ignore", category=FutureWarning)

@@ -3,6 +3,7 @@ process graph (in a supervised child, `launch.supervisor`), and what to do next 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -11,39 +12,12 @@ from pathlib import Path
 from configs.loading import ConfigError, dump_annotated
 from configs.schema import RunConfig
 from launch.cluster import ClusterInfo
+from launch.console import quiet_env
 from launch.preflight import PreflightError, preflight
 from launch.progress import Progress
 from launch.resources import ResourceError, plan
 from launch.rundir import ResumePlan, check_new_run_dir, checkpoint_step, clear_run_dir, show_value
 from launch.storage import absolutize
-
-# Other programs' console output that says nothing about the run (logging.verbose=false): Python
-# warnings of libraries (FutureWarning, DeprecationWarning, torch's note on read-only NumPy arrays),
-# transformers' warnings (e.g. "Token indices sequence length is longer than ...") and HF / tqdm
-# progress bars (weight loading, in every process). Set in this process's environment before anything
-# starts, so every process of the run inherits them: the supervised child, Ray's workers (a local Ray is
-# started by the child), vLLM's engine processes. A variable the user set is left as it is.
-QUIET_ENV = {
-    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning,ignore:The given NumPy array is not writable",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "TQDM_DISABLE": "1",
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "TORCH_CPP_LOG_LEVEL": "ERROR",
-}
-
-
-def quiet_env(cfg: RunConfig, starts_local_ray: bool, environ: dict[str, str]) -> dict[str, str]:
-    """The variables to add to `environ` for the run's console (QUIET_ENV; {} with logging.verbose).
-    A local Ray gets RAY_AUTH_MODE=token: what Ray 2.60 does for a new local cluster anyway, minus its
-    warning that it did so (a cluster joined keeps the user's setting, docs/running.md)."""
-    if cfg.logging.verbose:
-        return {}
-    add = dict(QUIET_ENV)
-    if starts_local_ray:
-        add["RAY_AUTH_MODE"] = "token"
-    return {k: v for k, v in add.items() if k not in environ}
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -52,6 +26,36 @@ def run_dir_for(cfg: RunConfig) -> Path:
     if cfg.logging.output_dir:
         return Path(cfg.logging.output_dir)
     return Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_writable(run_dir: Path, resuming: bool) -> None:
+    """Raise `ConfigError` (one line: the folder, why, the fix) unless this process can create `run_dir`
+    and write a file in it: a read-only filesystem, a folder of another user, a file in place of a folder.
+    Leaves the filesystem as it found it: the folders it created and its probe file are removed again
+    (the run creates its folder once every check has passed)."""
+    missing = []  # run_dir and the parents it lacks, deepest first
+    at = run_dir
+    while not at.exists() and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    probe = run_dir / f".write-check-{os.getpid()}"
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.filename and Path(e.filename) not in (run_dir, probe):  # a parent folder is the problem
+            why += f": {e.filename}"
+        fix = ("a resumed run writes into its folder: make it writable, or copy the run to a writable place and "
+               "resume the copy") if resuming else "choose a folder you can write to with --output DIR"
+        raise ConfigError(f"{'--resume' if resuming else '--output'} {run_dir}: cannot write there ({why}) — "
+                          f"{fix}") from None
+    finally:
+        for folder in missing:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -89,6 +93,7 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None)
         run_dir = run_dir_for(cfg).absolute()
         if resume is None:
             check_new_run_dir(run_dir, force)
+        check_writable(run_dir, resuming=resume is not None)
         preflight(cfg)  # every file and plugin the run names, before Ray or a run folder exists
         cluster = ClusterInfo.discover(cfg.ray_address, serial=cfg.serial)
         cfg = cluster.resolve(cfg)  # "auto" decided, ray_address = the cluster joined: what config.yaml records

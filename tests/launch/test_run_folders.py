@@ -210,7 +210,7 @@ def test_max_restarts_resumes_a_run_whose_learner_died_from_its_last_checkpoint(
 
 
 def test_quiet_console_environment(monkeypatch):
-    from launch.train import QUIET_ENV, quiet_env
+    from launch.console import QUIET_ENV, quiet_env
 
     cfg = resolve("grpo")
     env = quiet_env(cfg, starts_local_ray=True, environ={"TRANSFORMERS_VERBOSITY": "info"})
