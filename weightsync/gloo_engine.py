@@ -38,18 +38,15 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from weightsync.delta import apply_patch
+from weightsync.gloo_group import iter_buckets, local_address_toward, new_gloo_group
+from weightsync.liveness import Heartbeat, abort_probe
 from weightsync.packing import unpack_bucket, unpack_patch_bucket
 from weightsync.protocol import (
-    Heartbeat,
     WeightSyncError,
-    abort_probe,
     connect_store,
     group_store,
-    iter_buckets,
     key_progress,
     key_worker,
-    local_address_toward,
-    new_gloo_group,
     process_info,
     set_json,
 )

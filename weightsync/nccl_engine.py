@@ -46,19 +46,18 @@ from vllm.distributed.weight_transfer.sparse_nccl_engine import (
     SparseNCCLWeightTransferUpdateInfo,
 )
 
+from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.gloo_engine import GlooWeightTransferEngine
+from weightsync.liveness import Heartbeat, abort_probe
 from weightsync.nccl_plane import (
     KIND_DELTA,
     KIND_FULL,
-    NCCL_ENGINE_BACKEND,
     call_with_deadline,
     on_device,
 )
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
-    Heartbeat,
     WeightSyncError,
-    abort_probe,
     connect_store,
     group_store,
     key_worker,

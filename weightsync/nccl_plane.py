@@ -32,16 +32,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
+from weightsync.backends import NCCL_ENGINE_BACKEND
+from weightsync.packing import Patch
+from weightsync.plane import Payload, PlaneContext
 from weightsync.protocol import WeightSyncError
 
-if TYPE_CHECKING:
-    from weightsync.plane import Patch, Payload
-
-NCCL_ENGINE_BACKEND = "impala_nccl"  # the vLLM weight-transfer backend name of weightsync.nccl_engine
 NCCL_UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId) (vLLM: pynccl_wrapper.NCCL_UNIQUE_ID_BYTES)
 KIND_FULL, KIND_DELTA = "full", "delta"
 DEFAULT_PACKED_BUFFER_BYTES = 256 << 20  # vLLM defaults to 1 GiB x 2; 256 MiB matches weight_sync.bucket_mb
@@ -319,6 +318,12 @@ class NcclPlane:
         self._mint = mint_uid
         self._uid: bytes | None = None  # minted for the generation being set up, consumed by connect
         self._comm: Communicator | None = None
+
+    @classmethod
+    def for_sender(cls, ctx: PlaneContext) -> NcclPlane:
+        return cls(ctx.num_receivers, ctx.tp, packed_buffer_bytes=ctx.bucket_bytes, control={
+            "host": ctx.host, "port": ctx.port, "prefix": ctx.prefix, "timeout_s": ctx.timeout_s,
+            "connect_timeout_s": ctx.connect_timeout_s})
 
     def init_info(self, rank: int) -> dict:
         if self._uid is None:

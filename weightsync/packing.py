@@ -28,12 +28,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from weightsync.plane import Patch
 
 HEADER_SCHEMA = 1
 
@@ -49,6 +45,16 @@ _DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
+
+
+@dataclass
+class Patch:
+    """One tensor's delta, in checkpoint (HF) coordinates: ``full.view(-1)[indices] = values``."""
+
+    name: str
+    indices: torch.Tensor  # int32, 1-D, flat indices into the full tensor
+    values: torch.Tensor  # 1-D, wire dtype
+    shape: tuple[int, ...]  # full tensor shape
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -23,13 +23,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from weightsync.gloo_group import iter_buckets, local_address_toward, new_gloo_group
+from weightsync.liveness import Heartbeat, abort_probe
 from weightsync.packing import unpack_bucket
 from weightsync.protocol import (
-    Heartbeat,
     WeightSyncError,
-    abort_probe,
     get_json,
-    iter_buckets,
     join_group,
     key_ack,
     key_nack,
@@ -37,8 +36,6 @@ from weightsync.protocol import (
     key_push,
     key_rank,
     key_worker,
-    local_address_toward,
-    new_gloo_group,
     process_info,
     set_json,
 )

@@ -6,6 +6,8 @@ the small piece that forms the transfer group and broadcasts a ``Payload``:
   - ``GlooPlane`` (here): CPU, gloo over TCP, bucketed (``weightsync.packing``) into our vLLM engine
     ``weightsync.gloo_engine`` (registered as backend "gloo"); what CI runs;
   - an NCCL plane (``weightsync.nccl_plane``) into vLLM's own NCCL engines on GPUs.
+Each is registered by name with its engine in ``weightsync.backends``, and the sender builds the one
+the run names with ``for_sender(PlaneContext)``.
 Contract with the control plane: ``init_info(rank)`` is published (JSON, under the group's secret
 prefix) before that receiver is admitted, and the receiver passes it unchanged as the init_info of
 ``init_weight_transfer_engine``; ``connect`` runs while the receivers join inside that call;
@@ -28,18 +30,10 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from weightsync.packing import Bucket, pack_buckets, pack_patch_buckets
-from weightsync.protocol import BACKEND_NAME, WeightSyncError, new_gloo_group, send_bucket
-
-
-@dataclass
-class Patch:
-    """One tensor's delta, in checkpoint (HF) coordinates: ``full.view(-1)[indices] = values``."""
-
-    name: str
-    indices: torch.Tensor  # int32, 1-D, flat indices into the full tensor
-    values: torch.Tensor  # 1-D, wire dtype
-    shape: tuple[int, ...]  # full tensor shape
+from weightsync.backends import GLOO_ENGINE_BACKEND
+from weightsync.gloo_group import new_gloo_group, send_bucket
+from weightsync.packing import Bucket, Patch, pack_buckets, pack_patch_buckets
+from weightsync.protocol import WeightSyncError
 
 
 @dataclass
@@ -62,9 +56,30 @@ class Payload:
         return "full" if self.full is not None else "delta"
 
 
+@dataclass(frozen=True)
+class PlaneContext:
+    """What the control plane gives the data plane it builds (``SenderPlane.for_sender``)."""
+
+    store: dist.Store  # the group's store (the secret prefix applied): receivers read plane keys from it
+    host: str  # the sender's advertised address, and its store's port
+    port: int
+    prefix: str  # the group's secret key prefix (for receivers that open their own store client)
+    num_receivers: int  # engines (each of ``tp`` workers)
+    tp: int  # workers per engine (TP x PP), for planes that address every worker
+    bucket_bytes: int  # largest packed message
+    timeout_s: float  # deadline of one push's transfer
+    connect_timeout_s: float  # deadline of the rendezvous
+    mirror: bool  # delta mode: the engines keep the last dense push and apply patches to it
+
+
 class SenderPlane(Protocol):
-    backend: str  # "gloo" | "nccl" (logged, reported in stats)
+    """A data plane, registered by name in ``weightsync.backends``."""
+
+    backend: str  # its weight_sync.backend name (logged, reported in stats)
     engine_backend: str  # WeightTransferConfig backend name the actors' vLLM engines must be built with
+
+    @classmethod
+    def for_sender(cls, ctx: PlaneContext) -> SenderPlane: ...
 
     def init_info(self, rank: int) -> dict: ...
 
@@ -86,7 +101,7 @@ class GlooPlane:
     plane compares it with each receiver's progress key to name the one that fell behind)."""
 
     backend = "gloo"
-    engine_backend = BACKEND_NAME
+    engine_backend = GLOO_ENGINE_BACKEND
 
     def __init__(self, store: dist.Store, address: tuple[str, int], prefix: str, num_receivers: int, *,
                  bucket_bytes: int, timeout_s: float, connect_timeout_s: float, mirror: bool):
@@ -97,6 +112,11 @@ class GlooPlane:
         self.mirror = mirror
         self.buckets_sent = 0
         self._pg: dist.ProcessGroupGloo | None = None
+
+    @classmethod
+    def for_sender(cls, ctx: PlaneContext) -> GlooPlane:
+        return cls(ctx.store, (ctx.host, ctx.port), ctx.prefix, ctx.num_receivers, bucket_bytes=ctx.bucket_bytes,
+                   timeout_s=ctx.timeout_s, connect_timeout_s=ctx.connect_timeout_s, mirror=ctx.mirror)
 
     def init_info(self, rank: int) -> dict:
         host, port = self._address

@@ -1,8 +1,9 @@
 """Wire protocol shared by the learner-side sender and the actor-side receivers (torch only).
 
 Why a separate module: the learner must not import vllm, while the receiving end lives inside a
-vLLM worker. Both ends need the same rendezvous keys, the same gloo group construction and the same
-bucket framing, so those live here and nothing here imports vllm.
+vLLM worker. Both ends need the same store keys, the same admission and the same error, so those live
+here and nothing here imports vllm. The gloo group and its bucket framing are ``weightsync.gloo_group``;
+heartbeats and the abort key's probe, ``weightsync.liveness``.
 
 Control plane: a ``torch.distributed.TCPStore`` hosted by the sender at ``(host, port)``. A TCPStore
 has no access control and listens on every interface, so the keys come in two namespaces.
@@ -28,11 +29,7 @@ only a holder of the run's weight-sync token knows where they are):
   ack/<k>/<r>, nack/<k>/<r>   JSON outcome of push k on rank r (loaded version, or the error)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
-Gloo data plane (``weightsync.plane.GlooPlane``): a gloo process group of ``world_size`` ranks built
-over a ``PrefixStore`` of the group keys (independent of any default process group, so it coexists
-with FSDP's and vLLM's own groups).
-Every collective gets an explicit timeout; gloo raises when it expires (checked on this stack for a
-peer killed with SIGKILL and one frozen with SIGSTOP mid-broadcast).
+The gloo data plane's group and bucket framing: ``weightsync.gloo_group``.
 
 Who may join: the sender admits a peer only if its proof matches (HMAC-SHA256 with the run's
 ``RunSecrets.weight_sync_token``, bound to this sender's nonce and the peer's ticket, so a proof read
@@ -49,23 +46,13 @@ import hashlib
 import hmac
 import json
 import os
-import queue
 import secrets
 import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
-from weightsync.packing import Bucket, BucketHeader
-
-BACKEND_NAME = "gloo"  # the name our vLLM weight-transfer engine is registered under
-GLOO_PREFIX = "weightsync/gloo"
 ABORTED_BY_SENDER = "sender aborted the push"  # receivers' error text when the sender gave up first
-HEARTBEAT_PERIOD_S = 0.25
 LOOPBACK = "127.0.0.1"  # the single-machine default address of the sender
 TICKETS = "tickets"
 
@@ -202,166 +189,6 @@ def join_group(host: str, port: int, token: str, name: str,
     return group_store(root, prefix), cfg, int(verdict["rank"]), prefix
 
 
-def local_address_toward(host: str, port: int) -> str:
-    """This machine's address on the route to ``host`` (connecting a UDP socket sends nothing)."""
-    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect(addr)
-        return s.getsockname()[0]
-
-
-def gloo_devices(local_host: str) -> list:
-    """What this rank's gloo transport binds: the interfaces named in ``GLOO_SOCKET_IFNAME``
-    (comma-separated) when the user set it, else the address ``local_host``: the sender's advertised
-    host, a receiver's ``local_address_toward`` the sender (never the hostname's address, which on
-    many hosts resolves to loopback, so that remote peers would dial their own loopback)."""
-    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
-    if names:
-        return [dist.ProcessGroupGloo.create_device(interface=n) for n in names]
-    return [dist.ProcessGroupGloo.create_device(hostname=local_host)]
-
-
-def new_gloo_group(store: dist.Store, rank: int, world_size: int, timeout_s: float, *, local_host: str,
-                   connect_timeout_s: float | None = None) -> dist.ProcessGroupGloo:
-    """A standalone gloo group (blocks until all ``world_size`` ranks connected) on ``gloo_devices(local_host)``.
-    ``timeout_s`` is the group's default deadline for collectives; the rendezvous itself waits on
-    the store, whose timeout is set to ``connect_timeout_s`` for the duration."""
-    if connect_timeout_s is not None:
-        store.set_timeout(timedelta(seconds=connect_timeout_s))
-    opts = dist.ProcessGroupGloo._Options()
-    opts._devices = gloo_devices(local_host)
-    opts._timeout = timedelta(seconds=timeout_s)
-    return dist.ProcessGroupGloo(dist.PrefixStore(GLOO_PREFIX, store), rank, world_size, opts)
-
-
-def _bcast(pg: dist.ProcessGroupGloo, t: torch.Tensor, timeout: timedelta) -> None:
-    pg.broadcast(t, 0, timeout).wait(timeout)
-
-
-def send_bucket(pg: dist.ProcessGroupGloo, bucket: Bucket, timeout_s: float) -> None:
-    """Broadcast one bucket from rank 0: prefix, header, payload (three collectives, one deadline
-    each)."""
-    timeout = timedelta(seconds=timeout_s)
-    raw = bucket.header.encode()
-    prefix = torch.tensor([len(raw), bucket.header.nbytes], dtype=torch.int64)
-    _bcast(pg, prefix, timeout)
-    _bcast(pg, torch.frombuffer(bytearray(raw), dtype=torch.uint8), timeout)
-    if bucket.header.nbytes:
-        _bcast(pg, bucket.payload, timeout)
-
-
-def recv_bucket(pg: dist.ProcessGroupGloo, timeout_s: float) -> Bucket:
-    """Receive one bucket broadcast by rank 0 into a freshly allocated buffer (never reused: vLLM's
-    layerwise reload may hold views of it until a whole layer has arrived)."""
-    timeout = timedelta(seconds=timeout_s)
-    prefix = torch.empty(2, dtype=torch.int64)
-    _bcast(pg, prefix, timeout)
-    header_len, nbytes = (int(x) for x in prefix.tolist())
-    if not (0 < header_len < (64 << 20)) or nbytes < 0:
-        raise WeightSyncError(f"corrupt bucket prefix {prefix.tolist()}")
-    raw = torch.empty(header_len, dtype=torch.uint8)
-    _bcast(pg, raw, timeout)
-    header = BucketHeader.decode(raw.numpy().tobytes())
-    if header.nbytes != nbytes:
-        raise WeightSyncError(f"bucket {header.index}: prefix says {nbytes} bytes, header {header.nbytes}")
-    payload = torch.empty(nbytes, dtype=torch.uint8)
-    if nbytes:
-        _bcast(pg, payload, timeout)
-    return Bucket(header, payload)
-
-
-def iter_buckets(pg: dist.ProcessGroupGloo, timeout_s: float, prefetch: int = 1,
-                 aborted: Callable[[], str | None] | None = None) -> Iterator[Bucket]:
-    """Receive the buckets of one push, up to the one flagged ``last``. A background thread keeps
-    receiving up to ``prefetch`` buckets ahead, so the network transfer of bucket i+1 overlaps the
-    caller loading bucket i (gloo's waits release the GIL). Errors surface at the caller's ``next``.
-
-    ``aborted`` is polled while waiting: when it returns a message (the sender gave up on this push,
-    see ``key_abort``) we raise at once instead of sitting out gloo's timeout; the receive thread is
-    left to time out on its own and the group must be re-initialised."""
-    q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            while True:
-                b = recv_bucket(pg, timeout_s)
-                if not put(b) or b.header.last:
-                    return
-        except BaseException as e:
-            put(e)
-
-    thread = threading.Thread(target=run, name="weightsync-recv", daemon=True)
-    thread.start()
-    try:
-        while True:
-            try:
-                item = q.get(timeout=0.1)
-            except queue.Empty:
-                msg = aborted() if aborted is not None else None
-                if msg:
-                    raise WeightSyncError(f"{ABORTED_BY_SENDER}: {msg}") from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.header.last:
-                return
-    finally:
-        stop.set()
-
-
-def abort_probe(store: dist.Store, seq: int) -> Callable[[], str | None]:
-    """``aborted`` callback for ``iter_buckets``: the sender's abort message for push ``seq``, if any."""
-    key = key_abort(seq)
-
-    def probe() -> str | None:
-        try:
-            return store.get(key).decode() if store.check([key]) else None
-        except Exception as e:  # the sender's store is gone: so is the sender
-            return f"sender unreachable ({e})"
-
-    return probe
-
-
-class Heartbeat:
-    """Bumps ``hb/<rank>`` (a group key, under ``prefix``) every ``period_s`` from a daemon thread so
-    the sender can tell a dead receiver (counter frozen) from a slow one. Runs in the process that
-    owns the gloo rank."""
-
-    def __init__(self, host: str, port: int, rank: int, prefix: str, period_s: float = HEARTBEAT_PERIOD_S):
-        self._store = group_store(connect_store(host, port, timeout_s=30), prefix)
-        self._key = key_heartbeat(rank)
-        self._period = period_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"weightsync-hb-{rank}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._store.add(self._key, 1)
-            except Exception:  # the sender went away; nothing to report to
-                return
-            self._stop.wait(self._period)
-
-    def stop(self) -> None:
-        """Stops beating and waits for the thread (an ``add`` in flight ends within the store's
-        timeout): a process that exits with the thread inside the store client can abort."""
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=35)
-
-
 def maybe_json(store: dist.Store, key: str) -> dict:
     """The JSON at ``key``; {} when absent or unreadable."""
     try:
@@ -374,33 +201,6 @@ def describe_receiver(store: dist.Store, rank: int) -> str:
     actor, worker = maybe_json(store, key_rank(rank)), maybe_json(store, key_worker(rank))
     return (f"rank {rank} (engine {actor.get('name', '?')!r}, actor pid {actor.get('pid', '?')}, "
             f"transfer-rank pid {worker.get('pid', '?')} on {worker.get('host', actor.get('host', '?'))})")
-
-
-class HeartbeatWatch:
-    """Which receivers' heartbeat counters have not moved for ``window_s`` (dead or frozen), read without
-    blocking: each `stalled` call reads the counters of ``ranks`` and remembers when each last moved."""
-
-    def __init__(self, store: dist.Store, window_s: float):
-        self._store, self._window = store, window_s
-        self._moved: dict[int, tuple[int, float]] = {}  # rank -> (counter, time.monotonic() it last moved)
-
-    def stalled(self, ranks: list[int]) -> list[int]:
-        now, out = time.monotonic(), []
-        for r in ranks:
-            beat = self._store.add(key_heartbeat(r), 0)
-            if self._moved.get(r, (None,))[0] != beat:
-                self._moved[r] = (beat, now)
-            elif now - self._moved[r][1] >= self._window:
-                out.append(r)
-        return out
-
-
-def stalled_heartbeats(store: dist.Store, ranks: list[int], window_s: float) -> list[int]:
-    """Ranks whose heartbeat counter did not move during ``window_s`` (blocks that long)."""
-    watch = HeartbeatWatch(store, window_s)
-    watch.stalled(ranks)
-    time.sleep(window_s)
-    return watch.stalled(ranks)
 
 
 def process_info(name: str) -> dict:

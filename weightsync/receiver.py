@@ -34,8 +34,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from weightsync import backends
 from weightsync.protocol import (
-    BACKEND_NAME,
     WeightSyncError,
     get_json,
     join_group,
@@ -53,16 +53,12 @@ logger = logging.getLogger(__name__)
 
 def engine_args_kwargs(backend: str = "gloo") -> dict:
     """Extra ``AsyncEngineArgs`` keyword arguments that enable the transfer engine of the data plane
-    ``backend`` (a ``weight_sync.backend``: "gloo" = our ``weightsync.gloo_engine``, "nccl" = our
-    ``weightsync.nccl_engine`` over vLLM's NCCL engines)."""
+    ``backend`` (a resolved ``weight_sync.backend``, looked up in ``weightsync.backends``: "gloo" = our
+    ``weightsync.gloo_engine``, "nccl" = our ``weightsync.nccl_engine`` over vLLM's NCCL engines)."""
+    engine_backend = backends.get(backend).engine_backend  # ValueError for a name not registered
     from vllm.config.weight_transfer import WeightTransferConfig
 
-    from weightsync.nccl_plane import NCCL_ENGINE_BACKEND
-
-    engines = {"gloo": BACKEND_NAME, "nccl": NCCL_ENGINE_BACKEND}
-    if backend not in engines:
-        raise ValueError(f"unknown weight-sync backend {backend!r}: choose one of {sorted(engines)}")
-    return {"weight_transfer_config": WeightTransferConfig(backend=engines[backend])}
+    return {"weight_transfer_config": WeightTransferConfig(backend=engine_backend)}
 
 
 class WeightReceiver:

@@ -3,8 +3,9 @@
 Why it looks like this:
 - One control plane, pluggable data planes. ``WeightSender`` owns the choreography every backend
   shares: admission, the push announcement, acks/nacks, abort keys, heartbeats, deadlines and the
-  failure diagnosis, over a TCPStore. The bytes travel through a data plane (``weightsync.plane``):
-  ``GlooPlane`` by default (CPU, CI), or one passed in (e.g. NCCL on GPUs).
+  failure diagnosis (``weightsync.push_outcome``), over a TCPStore. The bytes travel through a data
+  plane (``weightsync.plane``) named by ``backend`` in ``weightsync.backends``: "gloo" by default (CPU,
+  CI), "nccl" on GPUs, or a plane passed in.
 - The learner may not import vllm, so this module speaks only torch. The receiving end is a vLLM
   weight-transfer engine (ours: ``weightsync.gloo_engine``), driven by ``weightsync.receiver``.
 - A push is split in two so the learner need not idle while weights travel:
@@ -45,26 +46,21 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from weightsync import backends
 from weightsync.delta import DeltaEncoder
-from weightsync.plane import GlooPlane, Payload, SenderPlane
+from weightsync.plane import Payload, PlaneContext, SenderPlane
 from weightsync.protocol import (
-    ABORTED_BY_SENDER,
-    HEARTBEAT_PERIOD_S,
     LOOPBACK,
     TICKETS,
-    HeartbeatWatch,
     WeightSyncError,
     describe_receiver,
     get_json,
     group_prefix,
     group_store,
     key_abort,
-    key_ack,
     key_admit,
     key_hello,
-    key_nack,
     key_plane,
-    key_progress,
     key_push,
     key_rank,
     key_worker,
@@ -72,12 +68,10 @@ from weightsync.protocol import (
     new_nonce,
     proof_matches,
     set_json,
-    stalled_heartbeats,
 )
+from weightsync.push_outcome import name_suspects, wait_acks
 
 logger = logging.getLogger(__name__)
-
-ACK_STALL_S = 10.0  # a loading receiver silent this long is dead (generous: 2 busy cores can starve a beat)
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
 
@@ -119,8 +113,9 @@ class WeightSender:
     default) on a single machine. The store itself listens on every interface, whatever ``host`` is,
     which is why ``token`` (the run's ``RunSecrets.weight_sync_token``) must be proven by every peer
     before it gets a seat. ``port=0`` picks a free port (read it back from ``address``).
-    ``backend``: the data plane when ``plane`` is not given — "gloo" (``GlooPlane``) or "nccl"
-    (``weightsync.nccl_plane.NcclPlane`` over engines of ``tp`` workers each, TP × PP).
+    ``backend``: the data plane when ``plane`` is not given, by its name in ``weightsync.backends``:
+    "gloo" (``GlooPlane``) or "nccl" (``weightsync.nccl_plane.NcclPlane`` over engines of ``tp`` workers
+    each, TP × PP).
     ``timeout_s`` is the deadline of the broadcast (per bucket on the gloo plane) and of the
     acknowledgements. ``cast_dtype``: floating tensors are cast to it in ``prepare`` (None: sent as
     given; the learner's gatherer already yields the serving dtype). ``mode``: "full" (every push
@@ -162,17 +157,11 @@ class WeightSender:
         prefix = group_prefix(token, self._nonce)
         self._store = group_store(self._root, prefix)
         bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
-        if plane is None and backend == "nccl":
-            from weightsync.nccl_plane import NcclPlane
-
-            plane = NcclPlane(num_receivers, tp, packed_buffer_bytes=bucket_bytes, control={
-                "host": host, "port": self._root.port, "prefix": prefix, "timeout_s": self.timeout_s,
-                "connect_timeout_s": self.connect_timeout_s})
-        elif plane is None and backend != "gloo":
-            raise ValueError(f"unknown weight-sync backend {backend!r}: choose gloo or nccl")
-        self.plane: SenderPlane = plane if plane is not None else GlooPlane(
-            self._store, self.address, prefix, num_receivers, bucket_bytes=bucket_bytes,
-            timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s, mirror=mode == "delta")
+        if plane is None:  # an unknown name raises before anything is built on it
+            plane = backends.plane_class(backend).for_sender(PlaneContext(
+                self._store, host, self._root.port, prefix, num_receivers, tp, bucket_bytes=bucket_bytes,
+                timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s, mirror=mode == "delta"))
+        self.plane: SenderPlane = plane
         set_json(self._root, "config", {"world_size": num_receivers + 1, "timeout_s": self.timeout_s,
                                         "connect_timeout_s": self.connect_timeout_s, "nonce": self._nonce,
                                         "backend": self.plane.backend,
@@ -291,7 +280,7 @@ class WeightSender:
             set_json(self._store, key_push(seq), {"version": version, "info": self.plane.update_info(payload)})
             stats = self.plane.send(payload, self.timeout_s)
             t_sent = time.perf_counter()
-            acks = self._wait_acks(seq, version)
+            acks = wait_acks(self._store, self.receivers, seq, version, self.timeout_s, lambda: self._broken)
         except WeightSyncError as e:
             raise self._fail(seq, e) from e
         except Exception as e:
@@ -323,70 +312,12 @@ class WeightSender:
         """``send(prepare(named_tensors, version))``."""
         return self.send(self.prepare(named_tensors, version))
 
-    def _wait_acks(self, seq: int, version: int) -> dict[int, dict]:
-        """Every receiver's ack of push `seq`. A receiver whose heartbeat stops for ACK_STALL_S while it
-        loads (its process died or froze after the last byte arrived) fails the push then, not at the
-        deadline."""
-        deadline = time.monotonic() + self.timeout_s
-        acks: dict[int, dict] = {}
-        ranks = list(self.receivers)
-        watch, next_beat_check = HeartbeatWatch(self._store, ACK_STALL_S), 0.0
-        while True:
-            for r in ranks:
-                if r in acks:
-                    continue
-                if self._store.check([key_nack(seq, r)]):
-                    err = get_json(self._store, key_nack(seq, r)).get("error", "?")
-                    raise WeightSyncError(f"{describe_receiver(self._store, r)} failed to load version "
-                                          f"{version}: {err}", failed_ranks={r: err})
-                if self._store.check([key_ack(seq, r)]):
-                    ack = get_json(self._store, key_ack(seq, r))
-                    if str(ack.get("version")) != str(version):
-                        msg = f"reports version {ack.get('version')!r} after loading {version}"
-                        raise WeightSyncError(f"{describe_receiver(self._store, r)} {msg}",
-                                              failed_ranks={r: msg})
-                    acks[r] = {"name": self.receivers[r].get("name", str(r)), **ack}
-            if len(acks) == len(ranks):
-                return acks
-            if time.monotonic() >= next_beat_check:
-                next_beat_check = time.monotonic() + HEARTBEAT_PERIOD_S
-                if stalled := watch.stalled([r for r in ranks if r not in acks]):
-                    why = f"no heartbeat for {ACK_STALL_S:.0f} s while loading (process dead or frozen)"
-                    raise WeightSyncError(f"{describe_receiver(self._store, stalled[0])}: {why}",
-                                          failed_ranks={stalled[0]: why})
-            if self._broken:  # closed from another thread (the learner rebuilds the group)
-                raise WeightSyncError(f"push of version {version} abandoned: sender {self._broken}")
-            if time.monotonic() > deadline:  # every byte was sent: whoever has not acked is stuck loading
-                stuck = {r: f"no acknowledgement within {self.timeout_s:.0f} s (stuck in its update)"
-                         for r in ranks if r not in acks}
-                raise WeightSyncError(f"no acknowledgement of version {version} within {self.timeout_s:.0f} s",
-                                      failed_ranks=stuck)
-            time.sleep(0.002)
-
     def _fail(self, seq: int, err: WeightSyncError) -> WeightSyncError:
         """Name the receivers responsible, poison the sender; returns the error to raise."""
-        ranks = list(self.receivers)
-        failed = dict(err.failed_ranks)
         sent = getattr(self.plane, "buckets_sent", None)  # planes that count buckets (gloo's progress keys)
         with contextlib.suppress(Exception):  # tell the survivors to stop waiting for this push
             self._store.set(key_abort(seq), str(err)[:2000])
-        try:
-            # A nack means the receiver is alive and saw the failure (often just the timeout caused
-            # by another receiver); a frozen heartbeat without one points at the culprit.
-            stalled = stalled_heartbeats(self._store, ranks, window_s=4 * HEARTBEAT_PERIOD_S)
-            for r in ranks:
-                if self._store.check([key_nack(seq, r)]):
-                    err_r = get_json(self._store, key_nack(seq, r)).get("error", "?")
-                    if ABORTED_BY_SENDER not in err_r:  # merely obeyed our abort: not a suspect
-                        failed.setdefault(r, f"reported: {err_r}")
-                elif r in stalled:
-                    failed.setdefault(r, "no heartbeat (process dead or frozen)")
-                elif sent is not None and r not in failed and not self._store.check([key_ack(seq, r)]):
-                    got = self._store.add(key_progress(seq, r), 0)
-                    if got < sent:
-                        failed[r] = f"received {got} of {sent} buckets"
-        except Exception as diag_err:  # diagnosis is best effort; the original error matters most
-            failed.setdefault(-1, f"diagnosis failed: {diag_err!r}")
+        failed = name_suspects(self._store, list(self.receivers), seq, err.failed_ranks, sent)
         who = "; ".join(f"{describe_receiver(self._store, r)}: {why}" for r, why in sorted(failed.items())
                         if r > 0) or "no receiver identified"
         msg = f"weight push #{seq} failed: {err}. Suspect receivers: {who}"

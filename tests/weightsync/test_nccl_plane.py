@@ -19,9 +19,9 @@ from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdat
 from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseNCCLWeightTransferUpdateInfo
 
 from weightsync import nccl_engine
+from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.nccl_engine import ImpalaNcclWeightTransferEngine, vllm_update_info
 from weightsync.nccl_plane import (
-    NCCL_ENGINE_BACKEND,
     NCCL_UNIQUE_ID_BYTES,
     NcclPlane,
     bucket_plan,
@@ -32,7 +32,8 @@ from weightsync.nccl_plane import (
     nccl_update_info,
     rank_offset,
 )
-from weightsync.plane import Patch, Payload
+from weightsync.packing import Patch
+from weightsync.plane import Payload
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
     WeightSyncError,

@@ -7,13 +7,13 @@ import torch
 from weightsync.packing import (
     Bucket,
     BucketHeader,
+    Patch,
     pack_buckets,
     pack_patch_buckets,
     patch_nbytes,
     unpack_bucket,
     unpack_patch_bucket,
 )
-from weightsync.plane import Patch
 from weightsync.sender import wire_tensor
 
 
