@@ -32,8 +32,9 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 from buffer.client import BufferClient  # noqa: E402
+from buffer.process import start_buffer_process  # noqa: E402
 from buffer.records import Group, Sample  # noqa: E402
-from buffer.service import start_buffer_process  # noqa: E402
+from tests.buffer.batching_client import BatchingClient  # noqa: E402  (push_groups: the wire's batched push)
 
 
 def make_group(i: int, n: int, tokens: int, version: int = 0) -> Group:
@@ -46,7 +47,7 @@ def make_group(i: int, n: int, tokens: int, version: int = 0) -> Group:
 
 
 def _actor(address: str, groups: int, n: int, tokens: int, push_chunk: int, conn) -> None:
-    client = BufferClient(address, "bench-actor", timeout_s=60)
+    client = BatchingClient(address, "bench-actor", timeout_s=60)
     protos = [make_group(i, n, tokens) for i in range(4)]
     conn.send_bytes(b"ready")
     conn.recv_bytes()

@@ -61,8 +61,8 @@ from actors.core import AsyncActor  # noqa: E402  (imported before forking: the 
 from actors.link import Outbox  # noqa: E402
 from actors.prompts import PromptItem  # noqa: E402
 from buffer.client import BufferClient  # noqa: E402
+from buffer.process import start_buffer_process  # noqa: E402
 from buffer.records import Group, Sample  # noqa: E402
-from buffer.service import start_buffer_process  # noqa: E402
 from configs.schema import RunConfig  # noqa: E402
 
 PLAN = {2: (0.25, 40), 8: (0.25, 40), 32: (0.5, 30), 128: (1.0, 40)}  # N -> (step_s, steps)

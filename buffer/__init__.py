@@ -2,6 +2,6 @@
 
 Modules: `records` (Group/Sample), `wire` (+ `wire_group`, `checks`: msgpack wire format and its
 validation), `admission` (the staleness rule), `core` (buffer logic), `snapshot`, `service` (the ZMQ
-process), `process` (spawn helper and CLI), `client` (BufferClient). Imports only zmq, msgpack, numpy
+process), `process` (spawns the service), `client` (BufferClient). Imports only zmq, msgpack, numpy
 and the standard library.
 """

@@ -11,11 +11,11 @@ already holds and does not store it twice.
 A request the buffer rejects comes back as a structured reply: `push_group` turns it into
 `Ack(accepted=False, reason, message)`, other calls raise `BufferRequestError(reason, message)`.
 
-Beyond the agreed API (all optional): `push_groups` / `push_and_request_credit` send several groups
-(and the next credit request) in one round trip; `request_credit(..., wait_s)` lets the buffer hold the
-request until it can grant something instead of the actor polling (a long poll, which `interrupt`, from
-another thread, cancels or restates with newer weights without losing its turn); `pull_batch(...,
-version=v)` does set_version(v) and the pull in one round trip; `last_pull` holds the served groups' lags.
+Beyond the agreed API (all optional): `request_credit(..., wait_s)` lets the buffer hold the request
+until it can grant something instead of the actor polling (a long poll, which `interrupt`, from another
+thread, cancels or restates with newer weights without losing its turn); `pull_batch(..., version=v)`
+does set_version(v) and the pull in one round trip; `last_pull` holds the served groups' lags. A push
+message may carry several groups (one Ack each): `_push` takes a list, and a request to pipeline behind.
 
 A connection that drops while a call waits (the buffer process died) fails the call at once with
 `BufferUnavailable` rather than at its deadline, which for a long poll is wait_s later.
@@ -280,18 +280,6 @@ class BufferClient:
         """Send one finished group (uses one credit). Bad data comes back as Ack(False, reason, message)."""
         return self._push([group])[0][0]
 
-    def push_groups(self, groups: list[Group]) -> list[Ack]:
-        """Push several groups in one round trip (one Ack each, same order)."""
-        return self._push(groups)[0]
-
-    def push_and_request_credit(self, groups: list[Group], want: int, actor_version: int,
-                                wait_s: float = 0.0) -> tuple[list[Ack], Credit]:
-        """push_groups(groups), then request_credit(want, actor_version, wait_s) once they are admitted, in
-        one round trip (requests are pipelined; the buffer handles one client's requests in order)."""
-        credit = ("credit", self._credit_fields(want, actor_version, wait_s), ())
-        acks, granted = self._push(groups, credit, wait_s)
-        return acks, granted
-
     @staticmethod
     def _credit_fields(want: int, actor_version: int, wait_s: float) -> dict:
         fields = {"want": int(want), "actor_version": int(actor_version)}
@@ -301,6 +289,9 @@ class BufferClient:
 
     def _push(self, groups: list[Group], then: tuple | None = None,
               wait_s: float = 0.0) -> tuple[list[Ack], Credit | None]:
+        """Push `groups` in as few messages as the message limit allows (one Ack each, same order); `then`,
+        a credit request (type, fields, payload), is pipelined behind them and its Credit returned (the
+        buffer handles one client's requests in order), waiting up to its `wait_s` more."""
         acks: list[Ack | None] = [None] * len(groups)
         messages: list[tuple[list[int], list]] = []  # (group slots, frames), each under the message limit
         size = self._max_message
@@ -392,12 +383,6 @@ class BufferClient:
 
     def restore(self, path: str) -> None:
         self._check(self._call("restore", {"path": os.path.abspath(path)}))
-
-    def ping(self) -> int:
-        """Round trip; returns the learner version."""
-        rep = self._call("ping")
-        self._check(rep)
-        return rep.fields["version"]
 
     def close(self) -> None:
         with self._lock:

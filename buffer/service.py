@@ -26,8 +26,7 @@ answers for every socket of its context.
 Addresses: the socket binds `settings.bind_address` and `address` is what clients must use
 (`settings.client_address`, i.e. the node IP on a cluster — see `buffer.settings.listen_hosts`).
 
-Run it with `python -m buffer.service [--config FILE.json] ...` (see `buffer.process`) or
-`start_buffer_process(cfg)`.
+Start it with `buffer.process.start_buffer_process(cfg)`.
 """
 
 from __future__ import annotations
@@ -373,17 +372,3 @@ class BufferService:
     def _restore(self, ident, client, r: Request) -> None:
         info = restore_snapshot(self.core, r.fields["path"])
         self._reply(ident, r.req, fields=info)
-
-
-def start_buffer_process(cfg=None, batch_prompts: int | None = None, **kwargs):
-    """Start the service in a spawned process -> (multiprocessing.Process, address clients use). See
-    buffer.process (keywords advertise_host, secrets, ...)."""
-    from buffer.process import start_buffer_process as start
-
-    return start(cfg, batch_prompts, **kwargs)
-
-
-if __name__ == "__main__":
-    from buffer.process import main
-
-    raise SystemExit(main())

@@ -11,7 +11,7 @@ import time
 from actors.prompts import PromptItem
 from bench.scale import SimActor, sim_config
 from buffer.client import BufferClient
-from buffer.service import start_buffer_process
+from buffer.process import start_buffer_process
 
 PROMPTS = [PromptItem(i, (1, 2, 3), "0") for i in range(64)]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from buffer.service import start_buffer_process
+from buffer.process import start_buffer_process
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from buffer.records import Group, Sample
@@ -64,3 +66,8 @@ def edit_field(frames: list[bytes], field: str, fn) -> list[bytes]:
             data[o:o + n * dt.itemsize] = np.asarray(a, dt).tobytes()
         o += n * dt.itemsize
     return [frames[0], bytes(data), *frames[2:]]
+
+
+def call_blocking(link, name: str, *args):
+    """`await link.call(name, *args)` of an `actors.link.BufferLink`, from synchronous test code."""
+    return asyncio.run(link.call(name, *args))

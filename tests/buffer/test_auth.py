@@ -15,7 +15,8 @@ from actors.link import BufferDown, BufferLink
 from buffer.auth import RunSecrets, zap_answer
 from buffer.client import BufferAuthError, BufferClient, BufferUnavailable
 from buffer.settings import BufferSettings, listen_hosts
-from tests.buffer.helpers import make_group
+from tests.buffer.batching_client import BatchingClient
+from tests.buffer.helpers import call_blocking, make_group
 
 STRANGER_TIMEOUT_S = 2.0  # room for the refused handshake to be reported on a loaded machine
 
@@ -112,7 +113,7 @@ def test_only_the_run_key_is_served_and_strangers_are_counted(curve_buffer):
                            client_secret=other_run.client_secret)
     strangers = {None: "this client has no keys", other_run: "wrong server public key",
                  wrong_client: "not this run's client key"}
-    with BufferClient(addr, "actor-0", timeout_s=10, secrets=keys) as actor, \
+    with BatchingClient(addr, "actor-0", timeout_s=10, secrets=keys) as actor, \
             BufferClient(addr, "learner", timeout_s=10, secrets=keys) as learner:
         assert actor.request_credit(4, 0).granted == 4
         assert all(a.accepted for a in actor.push_groups([make_group("a"), make_group("b")]))
@@ -149,15 +150,15 @@ def test_only_the_run_key_is_served_and_strangers_are_counted(curve_buffer):
 
 def test_actor_link_uses_the_run_keys(curve_buffer):
     addr, secrets = curve_buffer
-    link = BufferLink(addr, "actor-3", timeout_s=5, secrets=secrets.public())
+    link = BufferLink(addr, "actor-3", timeout_s=5, secrets=secrets.public(), client_factory=BatchingClient)
     stranger = BufferLink(addr, "actor-4", timeout_s=STRANGER_TIMEOUT_S)
     try:
-        assert link.call_blocking("ping") == 0
-        assert link.call_blocking("request_credit", 1, 0).granted == 1
-        assert link.call_blocking("push_group", make_group("x")).accepted
+        assert call_blocking(link, "ping") == 0
+        assert call_blocking(link, "request_credit", 1, 0).granted == 1
+        assert call_blocking(link, "push_group", make_group("x")).accepted
         with pytest.raises(BufferDown):  # "authentication failed" when the refusal was reported in time
-            stranger.call_blocking("push_group", make_group("y"))
-        s = link.call_blocking("stats")
+            call_blocking(stranger, "push_group", make_group("y"))
+        s = call_blocking(link, "stats")
         assert s["groups_in"] == 1 and s["auth"]["refused"] >= 1
     finally:
         link.close()

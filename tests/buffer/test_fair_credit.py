@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from buffer.admission import credit_account, credit_grant, fair_shares
 from buffer.client import BufferClient, BufferUnavailable
 from buffer.core import BufferCore
-from buffer.service import start_buffer_process
+from buffer.process import start_buffer_process
 from buffer.settings import BufferSettings
 from buffer.wire import encode_request
 from tests.buffer.helpers import make_group

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from buffer.client import BufferClient, BufferRequestError, BufferUnavailable
-from buffer.service import start_buffer_process
+from buffer.process import start_buffer_process
+from tests.buffer.batching_client import BatchingClient
 from tests.buffer.helpers import assert_same_group, make_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ def test_round_trip_through_the_service_is_exact(start_buffer):
     addr = start_buffer(batch_prompts=3)
     groups = [make_group("a", n=4, tokens=33, seed=1), make_group("b", n=1, tokens=1, seed=2, prefix=1),
               make_group("c", n=8, tokens=300, seed=3, prefix=5, meta={"prefix_ratio": 0.25, "tags": ["x"]})]
-    with BufferClient(addr, "actor-0", timeout_s=10) as actor, BufferClient(addr, "learner", timeout_s=10) as learner:
+    with BatchingClient(addr, "actor-0", timeout_s=10) as actor, BatchingClient(addr, "learner", timeout_s=10) as learner:
         assert actor.request_credit(3, 0).granted == 3
         assert [a.accepted for a in actor.push_groups(groups[:2])] == [True, True]
         assert actor.push_group(groups[2]).accepted
@@ -43,7 +44,7 @@ def test_round_trip_through_the_service_is_exact(start_buffer):
 
 def test_k0_runs_synchronously(start_buffer):
     addr = start_buffer(max_staleness=0, batch_prompts=2)
-    a1, a2, learner = (BufferClient(addr, n, timeout_s=10) for n in ("a1", "a2", "learner"))
+    a1, a2, learner = (BatchingClient(addr, n, timeout_s=10) for n in ("a1", "a2", "learner"))
     assert a1.request_credit(5, 0).granted == 2  # one batch's worth at the current version
     assert a2.request_credit(5, 0).granted == 0
     assert all(a.accepted for a in a1.push_groups([make_group("g1"), make_group("g2")]))
@@ -63,7 +64,7 @@ def test_k0_runs_synchronously(start_buffer):
 
 def test_filters_demos_and_missing_demo(start_buffer):
     addr = start_buffer(filter="accuracy_window", acc_lo=0.25, acc_hi=0.75, batch_prompts=1)
-    with BufferClient(addr, "actor", timeout_s=10) as actor, BufferClient(addr, "learner", timeout_s=10) as learner:
+    with BatchingClient(addr, "actor", timeout_s=10) as actor, BatchingClient(addr, "learner", timeout_s=10) as learner:
         learner.add_demos({3: np.arange(20, 31), 5: np.array([1, 2])}, rewards={5: 0.0})
         assert (learner.stats()["demos_stored"], learner.stats()["demo_tokens_stored"]) == (2, 11 + 2)
         acks = actor.push_groups([
@@ -106,7 +107,7 @@ def test_duplicate_after_reconnect_keeps_credit(start_buffer):
 def test_snapshot_restore_across_processes(start_buffer, tmp_path):
     a = start_buffer()
     groups = [make_group(f"g{i}", seed=i, version=3) for i in range(3)]
-    with BufferClient(a, "learner", timeout_s=10) as c:
+    with BatchingClient(a, "learner", timeout_s=10) as c:
         c.add_demos({1: np.arange(5)})
         c.set_version(3)
         c.push_groups(groups)
@@ -159,7 +160,7 @@ def test_errors_are_structured_replies_and_a_dead_buffer_is_reported(start_buffe
 def test_command_line_entry_point(tmp_path):
     cfg = tmp_path / "buffer.json"
     cfg.write_text(json.dumps({"buffer": {"max_staleness": 2, "filter": "extreme"}, "learner": {"batch_prompts": 4}}))
-    p = subprocess.Popen([sys.executable, "-m", "buffer.service", "--config", str(cfg), "--log-level", "WARNING"],
+    p = subprocess.Popen([sys.executable, "-m", "tests.buffer.service_cli", "--config", str(cfg), "--log-level", "WARNING"],
                          cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         address = json.loads(p.stdout.readline())["address"]
@@ -170,14 +171,14 @@ def test_command_line_entry_point(tmp_path):
     finally:
         p.terminate()
         assert p.wait(10) == 0
-    bad = subprocess.run([sys.executable, "-m", "buffer.service", "--filter", "none", "--port", "-1"], cwd=ROOT,
+    bad = subprocess.run([sys.executable, "-m", "tests.buffer.service_cli", "--filter", "none", "--port", "-1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "buffer.port" in bad.stderr
 
 
 def test_batched_push_acks_each_group_and_keeps_credit_exact(start_buffer):
     addr = start_buffer(batch_prompts=4, max_staleness=0)
-    with BufferClient(addr, "actor", timeout_s=10) as c:
+    with BatchingClient(addr, "actor", timeout_s=10) as c:
         assert c.request_credit(4, 0).granted == 4
         bad = make_group("bad")
         bad.samples[1].logprobs[2] = np.inf  # only the buffer's checks see this
@@ -233,7 +234,7 @@ def test_credit_requests_can_wait_for_room_instead_of_polling(start_buffer):
     import threading
 
     addr = start_buffer(max_staleness=1, batch_prompts=1)
-    a1, a2 = BufferClient(addr, "a1", timeout_s=10), BufferClient(addr, "a2", timeout_s=10)
+    a1, a2 = BatchingClient(addr, "a1", timeout_s=10), BatchingClient(addr, "a2", timeout_s=10)
     learner = BufferClient(addr, "learner", timeout_s=10)
     assert a1.request_credit(10, 0).granted == 2  # (K + 1) * B
     result = {}

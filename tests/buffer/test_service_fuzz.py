@@ -14,8 +14,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from buffer.client import BufferClient
 from buffer.wire import encode_group, encode_request
+from tests.buffer.batching_client import BatchingClient
 from tests.buffer.helpers import assert_same_group, edit_field, make_group
 
 FIELDS = ["schema", "type", "req", "group_id", "prompt_index", "rewards", "lengths", "finish_reasons",
@@ -75,7 +75,7 @@ def hostile_messages(draw) -> list[bytes]:
 def test_fuzzing_never_crashes_or_corrupts(start_buffer):
     addr = start_buffer(max_staleness=10**6, capacity_groups=10**6, max_message_mb=1)
     good = [make_group(f"good{i}", n=3, tokens=50, seed=100 + i) for i in range(3)]
-    client = BufferClient(addr, "actor", timeout_s=10)
+    client = BatchingClient(addr, "actor", timeout_s=10)
     assert all(a.accepted for a in client.push_groups(good))
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
