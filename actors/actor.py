@@ -89,18 +89,9 @@ class RolloutActor:
 
         self._call(go())
 
-    def wait_rollouts(self, timeout_s: float | None = None) -> int:
-        """Wait until the background rollouts of `start_rollouts(max_groups)` finished (all groups
-        delivered); returns the prompts started. TimeoutError after `timeout_s`."""
-        return self._call(self.core.wait_background(timeout_s))
-
     def stop(self, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop starting prompts; drain=True finishes those in flight and delivers their groups."""
         self._call(self.core.stop(drain, timeout_s))
-
-    def wait_delivered(self, timeout_s: float | None = None) -> bool:
-        """Wait until every finished group was acknowledged by the buffer."""
-        return self._call(self.core.outbox.drain(timeout_s))
 
     # -- weights
     def connect_weight_sync(self, host: str, port: int, token: str) -> int:
@@ -140,8 +131,3 @@ class RolloutActor:
             self.core.cursor.requeue(keys)
 
         self._call(put())
-
-    def run_async(self, coro_fn):
-        """Run `coro_fn(core)` (an async function of the `AsyncActor`) on the actor's loop; for tests
-        and tools that need the engine directly."""
-        return self._call(coro_fn(self.core))

@@ -38,7 +38,7 @@ import numpy as np
 import algos
 from actors.engine import EngineSpec, build_engine, shutdown_engine
 from actors.generate import GroupSampler, SamplingSettings
-from actors.link import Backoff, BufferDown, BufferLink, Outbox
+from actors.link import Backoff, BufferDown, BufferLink, ClientFactory, Outbox
 from actors.luffy import plain_group_plan, plan_group
 from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
 from actors.weights import WeightUpdates
@@ -55,22 +55,25 @@ DELIVERED_KEPT = 1 << 16  # acknowledged groups remembered for `delivered_since`
 
 class AsyncActor(WeightUpdates):
     """One actor: an `AsyncLLM`, its prompt shard, and a link to the buffer. See `actors.actor` for
-    the synchronous wrapper and the orchestrator-facing API."""
+    the synchronous wrapper and the orchestrator-facing API. `buffer_client`: how the links make their
+    clients (`actors.link.BufferLink`; None = the ZMQ `buffer.client.BufferClient`)."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts: list[PromptItem], *,
                  num_actors: int | None = None, initial_version: int = 0, engine_spec: EngineSpec | None = None,
-                 buffer_timeout_s: float = 30.0, reward_fn=None, secrets=None):
+                 buffer_timeout_s: float = 30.0, reward_fn=None, secrets=None,
+                 buffer_client: ClientFactory | None = None):
         self.cfg, self.actor_id = cfg, actor_id
         self.num_actors = num_actors or cfg.rollout.num_actors
         self.spec = engine_spec or EngineSpec.from_config(cfg, model_dir, actor_id)
         self.name = f"actor-{actor_id}"
         self.cursor = PromptCursor(shard(prompts, actor_id, self.num_actors), seed=cfg.seed, actor_id=actor_id)
-        self.link = BufferLink(buffer_address, self.name, buffer_timeout_s, secrets=secrets)
-        self.credit_link = BufferLink(buffer_address, f"{self.name}{CHANNEL}credit", buffer_timeout_s, secrets=secrets)
+        self.link = BufferLink(buffer_address, self.name, buffer_timeout_s, secrets, buffer_client)
+        self.credit_link = BufferLink(buffer_address, f"{self.name}{CHANNEL}credit", buffer_timeout_s, secrets,
+                                      buffer_client)
         self._weights_loaded = asyncio.Event()
         self.version = int(initial_version)
         self.learner_version: int | None = None
-        self.luffy = algos.get(cfg.algo).needs_demonstrations  # LUFFY: demonstration-guided rows
+        self.luffy = algos.get(cfg.algo).guided_rows  # demonstration-guided rows (LUFFY)
         self._ratio_rng = random.Random(f"luffy/{cfg.seed}/{actor_id}")
         self._nonce = uuid.uuid4().hex[:8]  # group ids stay unique across restarts of this actor
         self._counter = 0
@@ -287,7 +290,7 @@ class AsyncActor(WeightUpdates):
         n = self.cfg.rollout.n
         plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if self.luffy else plain_group_plan(n)
         samples, ratios = await self.sampler.sample_group(item, plan)
-        meta: dict = {"actor_version": self.version, "epoch": epoch}
+        meta: dict = {"epoch": epoch}
         if self.luffy:
             meta.update(prefix_ratios=ratios, demo_rows=plan.demo_rows)
         self._counter += 1
@@ -317,12 +320,6 @@ class AsyncActor(WeightUpdates):
         if self._run_task is not None and not self._run_task.done():
             raise RuntimeError(f"{self.name}: rollouts already running")
         self._run_task = asyncio.create_task(self.run(max_groups), name=f"{self.name}-run")
-
-    async def wait_background(self, timeout_s: float | None = None) -> int:
-        """Wait for the background `run` to finish; returns the prompts it started."""
-        if self._run_task is None:
-            raise RuntimeError(f"{self.name}: no background rollouts (start_background first)")
-        return await asyncio.wait_for(asyncio.shield(self._run_task), timeout_s)
 
     # ------------------------------------------------------------------ evaluation / metrics
     async def evaluate(self, items: list[PromptItem], temperature: float | None = None) -> dict:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from buffer.records import Group
@@ -53,20 +54,33 @@ class Backoff:
         self.delay = self.first
 
 
+# (address, client_id, *, timeout_s, secrets) -> a client of the buffer; see `BufferLink`
+ClientFactory = Callable[..., object]
+
+
 class BufferLink:
-    """Serialised, self-healing access to a `buffer.client.BufferClient`.
+    """Serialised, self-healing access to a client of the buffer (`buffer.client.BufferClient`).
 
     `call(name, *args)` runs `client.<name>(*args)` on the link's thread; a transport failure drops
     the client (the next call makes a fresh one) and raises `BufferDown`. `interrupt` reaches a call
     waiting on the thread (a credit long poll) from outside it. Counters: `reconnects`.
     secrets: the run's `RunSecrets.public()` when the buffer serves CURVE; None = plain.
+    client_factory: makes each client, called as `client_factory(address, client_id, timeout_s=...,
+    secrets=...)`; None = the ZMQ `BufferClient`. Another transport is a class with the calls the actor
+    makes (`request_credit`, `push_group`, `release_credit`, `interrupt`, `close`, and the credit it
+    was owed, `_unclaimed`) that raises `buffer.client.BufferUnavailable` when the buffer does not
+    answer, passed here.
     """
 
-    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0, secrets=None):
-        from buffer.client import BufferClient
+    def __init__(self, address: str, client_id: str, timeout_s: float = 30.0, secrets=None,
+                 client_factory: ClientFactory | None = None):
+        if client_factory is None:
+            from buffer.client import BufferClient
+
+            client_factory = BufferClient
 
         self.address, self.client_id, self.timeout_s, self.secrets = address, client_id, timeout_s, secrets
-        self._factory = BufferClient
+        self._factory = client_factory
         self._client = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"buffer-link-{client_id}")
         self._errors = _transport_errors()
@@ -103,9 +117,6 @@ class BufferLink:
         client = self._client
         if client is not None:
             client.interrupt(actor_version)
-
-    def call_blocking(self, name: str, *args):
-        return self._pool.submit(self._run, name, args).result()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
 import torch
+
+
+def on_actor_loop(actor, coro_fn):
+    """Run `coro_fn(actor.core)` (an async function of the `AsyncActor`) on the actor's loop and return
+    its result: for tests that need the engine or the core directly."""
+    return actor._call(coro_fn(actor.core))
+
+
+def wait_rollouts(actor, timeout_s: float | None = None) -> int:
+    """Wait until the background rollouts of `actor.start_rollouts(max_groups)` finished (all groups
+    delivered); returns the prompts started. TimeoutError after `timeout_s`."""
+    async def wait(core):
+        if core._run_task is None:
+            raise RuntimeError(f"{core.name}: no background rollouts (start_rollouts first)")
+        return await asyncio.wait_for(asyncio.shield(core._run_task), timeout_s)
+
+    return on_actor_loop(actor, wait)
+
+
+def wait_delivered(actor, timeout_s: float | None = None) -> bool:
+    """Wait until every finished group of `actor` was acknowledged by the buffer (False on timeout)."""
+    return on_actor_loop(actor, lambda core: core.outbox.drain(timeout_s))
 
 
 def record_sent(actor) -> dict:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.actors.conftest import run_config
-from tests.actors.helpers import assert_same_group, pull_all, record_sent, wait_for
+from tests.actors.helpers import assert_same_group, pull_all, record_sent, wait_for, wait_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_frozen_buffer_resend_stores_each_group_once(make_actor, buffers, learne
                  "pushes timing out against the frozen buffer")
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    assert actor.wait_rollouts(60) == 8
+    assert wait_rollouts(actor, 60) == 8
     st = actor.stats()
     assert st["outbox"] == 0 and st["resent"] >= 1 and st["reconnects"] >= 1, st
     pulled = pull_all(learner)
@@ -92,7 +92,7 @@ def test_killed_and_restarted_buffer_gets_the_held_groups(make_actor, buffers, l
     held = actor.stats()["outbox"]
     _, address2 = buffers.start(cfg, port=_settings_port(address))  # same address, empty buffer
     assert address2 == address
-    assert actor.wait_rollouts(60) == 10
+    assert wait_rollouts(actor, 60) == 10
     st = actor.stats()
     learner = learner_client(address)
     pulled = {g.group_id: g for g in pull_all(learner)}

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from tests.actors.conftest import MAX_RESPONSE_TOKENS, run_config
-from tests.actors.helpers import assert_same_group, hf_token_logprobs, load_hf, pull_all, record_sent
+from tests.actors.helpers import (
+    assert_same_group,
+    hf_token_logprobs,
+    load_hf,
+    on_actor_loop,
+    pull_all,
+    record_sent,
+    wait_delivered,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +110,7 @@ def test_logprobs_are_after_temperature(host, model_dir, prompts):
     actor = RolloutActor(cfg, 0, model_dir, "tcp://127.0.0.1:1", prompts, host=host)
     try:
         actor.start()
-        samples, _ = actor.run_async(lambda core: core.sampler.sample_group(prompts[0], plain_group_plan(2)))
+        samples, _ = on_actor_loop(actor, lambda core: core.sampler.sample_group(prompts[0], plain_group_plan(2)))
     finally:
         actor.close()
     model = load_hf(model_dir)
@@ -131,7 +139,7 @@ def test_many_seeded_prompts_at_once_keep_the_engine_alive(host, model_dir, prom
             jobs = [core.sampler.sample_group(prompts[i % len(prompts)], plain_group_plan(8)) for i in range(64)]
             return await asyncio.gather(*jobs)
 
-        out = actor.run_async(burst)
+        out = on_actor_loop(actor, burst)
     finally:
         actor.close()
     assert len(out) == 64 and all(len(samples) == 8 for samples, _ in out)
@@ -148,7 +156,7 @@ def test_stop_without_drain_releases_credit(make_actor, buffers, learner_client)
     actor.start_rollouts()  # endless
     wait_for(lambda: actor.stats()["groups_acked"] >= 1, 60, "a first group")
     actor.stop(drain=False)  # aborts what is in flight
-    assert actor.wait_delivered(30)  # groups finished before the stop are still delivered
+    assert wait_delivered(actor, 30)  # groups finished before the stop are still delivered
     st = actor.stats()
     assert st["in_flight"] == 0 and st["credits_held"] == 0
     bs = learner.stats()
@@ -166,7 +174,7 @@ def test_evaluate_greedy_is_deterministic(host, model_dir, prompts):
         actor.start()
         a, b = actor.evaluate(prompts[:8]), actor.evaluate(prompts[:8])
         # the same greedy responses, scored by the real reward function
-        texts = actor.run_async(lambda core: _greedy_texts(core, prompts[:8]))
+        texts = on_actor_loop(actor, lambda core: _greedy_texts(core, prompts[:8]))
     finally:
         actor.close()
     assert a["n"] == 8 and a["accuracy"] == b["accuracy"]

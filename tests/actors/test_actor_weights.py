@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.actors.conftest import run_config
-from tests.actors.helpers import hf_token_logprobs, load_hf, pull_all, record_sent, wait_for
+from tests.actors.helpers import hf_token_logprobs, load_hf, pull_all, record_sent, wait_for, wait_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_versions_follow_weight_updates(senders, make_actor, buffers, learner_cl
         time.sleep(delay_s)
         learner.set_version(v)
         push(sender, learner_model, new.state_dict(), v)
-        assert actor.wait_rollouts(120) == 1
+        assert wait_rollouts(actor, 120) == 1
         wait_for(lambda v=v: actor.version == v, 10, "the actor to report the new version")
         groups = pull_all(learner)
         assert [g.group_id for g in groups] == list(sent)
@@ -151,7 +151,7 @@ def test_versions_follow_weight_updates(senders, make_actor, buffers, learner_cl
     push(sender, learner_model, base_state, v + 1)  # version v+1 = the original weights again
     t.join(60)
     assert done["v"] == v + 1 == actor0.version
-    assert actor0.wait_rollouts(120) == 4
+    assert wait_rollouts(actor0, 120) == 4
     batch += learner0.pull_batch(2, timeout_s=5)
     assert sorted(g.group_id for g in batch) == sorted(sent)
     for g in batch:
