@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--model", default=None, help="an HF model dir to load instead of the 0.5B-shaped one")
     args = ap.parse_args()
-    from learner.launch import spawn_ranks
+    from tests.learner.local_ranks import spawn_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or str(Path(tmp) / "qwen2_05b_shape")

@@ -6,8 +6,6 @@ Public API (everything else is an implementation module):
     .named_full_weights()                        (HF name, full tensor) for the weight-sync sender;
                                                  every rank iterates it (collective)
     .save(path, extra_state) / .load(path)       sharded exact-resume state, every rank its own shards
-  LearnerGroup(cfg, world_size, model_dir)       N ranks as local processes (learner.launch)
-  spawn_ranks(fn, world_size, *args)             run fn(rank, world_size, *args) on N processes
   latest_checkpoint(checkpoints_dir)             newest committed step_<N> directory
   export_hf(checkpoint, out)                     the policy of a checkpoint as an HF model directory
   PROVIDERS / register_provider                  StepBatch inputs by name (learner.providers)
@@ -21,8 +19,6 @@ from typing import Any
 
 _EXPORTS = {
     "Learner": "learner.learner",
-    "LearnerGroup": "learner.launch",
-    "spawn_ranks": "learner.launch",
     "latest_checkpoint": "learner.checkpoint",
     "export_hf": "learner.checkpoint",
     "PROVIDERS": "learner.providers",

@@ -61,7 +61,7 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
             init_method = f"tcp://{LOOPBACK}:{free_port()}"
         else:
             raise RuntimeError("world_size > 1 needs MASTER_ADDR/MASTER_PORT or an init_method "
-                               "(use learner.launch.spawn_ranks to start the ranks)")
+                               "(set by whatever starts the ranks, e.g. launch.roles.LearnerRank)")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from learner.gather import serving_weights
-from learner.launch import LearnerGroup
 from tests.learner.helpers import make_cfg
+from tests.learner.local_ranks import LearnerGroup
 
 pytestmark = pytest.mark.slow
 

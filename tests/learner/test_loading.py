@@ -8,10 +8,10 @@ from torch.distributed.tensor import DTensor
 
 from learner.distributed import init_distributed
 from learner.fsdp import build_scorer, load_causal_lm, make_mesh
-from learner.launch import spawn_ranks
 from learner.learner import Learner
 from learner.logprobs import TokenScorer
 from tests.learner.helpers import make_cfg
+from tests.learner.local_ranks import spawn_ranks
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,5 @@
-"""Starting N learner ranks as local processes (torch.multiprocessing, spawn), without Ray.
+"""Starting N learner ranks as local processes (torch.multiprocessing, spawn), without Ray: for tests
+and benchmarks (a run starts its ranks as Ray actors, `launch.roles.LearnerRank`).
 
 - `spawn_ranks(fn, world_size, *args)`: run `fn(rank, world_size, *args)` in N fresh processes that
   share a process group (MASTER_ADDR/PORT set: loopback, these are processes of this machine), collect the return values; if one rank fails, the
@@ -7,8 +8,6 @@
   `step(groups, version)`, `save(path, extra_state)`, `load(path)`, and `call(fn, *args)` to run any
   top-level function `fn(learner, *args)` on every rank (e.g. to push weights from rank 0 with the
   weight-sync sender). Arguments travel over multiprocessing pipes, local to one machine.
-An orchestrator that prefers Ray actors builds `Learner(cfg, rank, world_size, model_dir,
-init_method=...)` in each actor instead.
 """
 
 from __future__ import annotations
