@@ -55,11 +55,6 @@ class LossNorm:
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor([self.num_tokens, self.num_seqs, self.num_rows, self.max_len], dtype=torch.float64)
 
-    @classmethod
-    def from_tensor(cls, t: torch.Tensor) -> LossNorm:
-        a, b, c, d = (float(x) for x in t.tolist())
-        return cls(a, b, c, d)
-
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm: LossNorm | None = None) -> torch.Tensor:
     """Scalar loss of `loss` [B, T] under `mask` [B, T]; `norm=None` means `LossNorm.local(mask)`."""

@@ -1,4 +1,5 @@
-"""GRPO and RLOO: outcome reward, group baseline broadcast over the response, PPO clip loss.
+"""GRPO and RLOO: outcome reward, group baseline broadcast over the response, PPO clip loss (options and
+registration: `algos.grpo_options`).
 
 Reads `cfg.grpo.use_std` (False = Dr.GRPO) and `cfg.grpo.eps`; RLOO has no options of its own. Both use
 the standard losses of `algos.policy_gradient` (PPO clip × importance correction, optional entropy
@@ -10,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from algos import baselines
+from algos.batch import StepBatch
 from algos.overlong import shaped_rewards
-from algos.policy_gradient import STANDARD_LOSSES, kl_requirements
-from algos.registry import AlgoSpec, StepBatch, register
+from algos.policy_gradient import STANDARD_LOSSES
+from algos.spec import Maths
 
 
 def outcome_advantage(estimator: str, batch: StepBatch, cfg: Any, **kwargs):
@@ -31,18 +33,5 @@ def _rloo_adv(batch: StepBatch, cfg: Any):
     return outcome_advantage("rloo", batch, cfg)
 
 
-register(AlgoSpec(
-    name="grpo",
-    summary="GRPO: group-normalised outcome reward, PPO clip (Dr.GRPO with grpo.use_std=false)",
-    advantage=_grpo_adv,
-    losses=STANDARD_LOSSES,
-    requires=kl_requirements,
-))
-
-register(AlgoSpec(
-    name="rloo",
-    summary="RLOO: leave-one-out baseline on the outcome reward, PPO clip",
-    advantage=_rloo_adv,
-    losses=STANDARD_LOSSES,
-    requires=kl_requirements,
-))
+GRPO = Maths(losses=STANDARD_LOSSES, advantage=_grpo_adv)
+RLOO = Maths(losses=STANDARD_LOSSES, advantage=_rloo_adv)

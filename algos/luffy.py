@@ -7,8 +7,9 @@ Pieces (ALGORITHMS.md "LUFFY", REFERENCE_NOTES §4):
   - the mixed on/off-policy token loss: `algos.luffy_loss`, aggregated here (`luffy_policy_loss`) and,
     on on-policy tokens, multiplied by the behaviour importance correction (`algos.importance`).
 
-Spec "luffy" reads `cfg.luffy` (estimator, use_std, alpha, beta, the reshape/clip options,
-use_target_probs, and optionally filter_extreme_groups, default True) and `cfg.loss` (agg, clip_low,
+Spec "luffy" (options, rules, registration: `algos.luffy_options`) reads `cfg.luffy` (estimator,
+use_std, alpha, beta, the reshape/clip options, use_target_probs, and optionally
+filter_extreme_groups, default True) and `cfg.loss` (agg, clip_low,
 clip_high, dual_clip, is_correction, is_cap, is_mask_low, is_mask_high, entropy_coef, kl_coef,
 kl_estimator, and the DAPO options overlong_filter / overlong_cache_tokens / overlong_penalty_factor of
 `algos.overlong`; ratio_level must be "token"). With `use_target_probs` the learner must provide
@@ -23,13 +24,13 @@ import torch
 
 from algos import baselines
 from algos.aggregation import LossNorm, aggregate
+from algos.batch import LossContext, LossTerm, StepBatch
 from algos.importance import importance_correction
 from algos.luffy_loss import luffy_token_loss
+from algos.luffy_options import LUFFY_ESTIMATORS
 from algos.overlong import loss_mask, shaped_rewards
-from algos.policy_gradient import ENTROPY, KL, kl_requirements
-from algos.registry import AlgoSpec, LossComponent, LossContext, LossTerm, StepBatch, register
-
-LUFFY_ESTIMATORS = ("grpo_split", "grpo")
+from algos.policy_gradient import ENTROPY, KL
+from algos.spec import LossComponent, Maths
 
 
 def extreme_group_keep(rewards: torch.Tensor, group_index: torch.Tensor, low: float = 0.0,
@@ -175,33 +176,5 @@ def mixed_policy_loss(ctx: LossContext, cfg: Any) -> LossTerm:
     return LossTerm(loss, {f"luffy/{k}": v for k, v in metrics.items()} | isc.metrics)
 
 
-def _requires(cfg: Any) -> frozenset[str]:
-    extra = {"target_probs"} if cfg.luffy.use_target_probs else set()
-    return kl_requirements(cfg) | frozenset(extra)
-
-
 MIXED_PG = LossComponent("luffy_pg", mixed_policy_loss)
-
-
-def luffy_problems(cfg: Any):
-    """LUFFY's configuration rules (RunConfig.problems)."""
-    lc, n = cfg.luffy, cfg.rollout.n
-    if lc.n_prefix >= n and lc.estimator == "grpo_split":
-        yield (f"luffy.n_prefix: {lc.n_prefix} guided rows leave no on-policy row in groups of rollout.n={n}, "
-               f"so grpo_split has no baseline — set luffy.n_prefix < {n}")
-    if lc.min_prefix_ratio > lc.max_prefix_ratio:
-        yield "luffy.min_prefix_ratio: greater than luffy.max_prefix_ratio — swap them"
-    if cfg.loss.ratio_level != "token":
-        yield (f"loss.ratio_level: {cfg.loss.ratio_level} (GSPO) is not supported by luffy's mixed loss, whose "
-               "on-policy ratio is reshaped per token — set loss.ratio_level=token")
-
-SPEC = register(AlgoSpec(
-    name="luffy",
-    summary="LUFFY: off-policy demonstration prefixes, grpo_split advantage, mixed on/off-policy loss with "
-            "policy shaping f(p) = p/(p+γ)",
-    advantage=_luffy_adv,
-    losses=(MIXED_PG, ENTROPY, KL),
-    requires=_requires,
-    needs_demonstrations=True,
-    validate=luffy_problems,
-))
+MATHS = Maths(losses=(MIXED_PG, ENTROPY, KL), advantage=_luffy_adv)

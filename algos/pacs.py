@@ -12,8 +12,9 @@ The score depends on π_θ, so there is no precomputed advantage: the loss compu
 micro-batch's log-probs (the spec asks the learner for micro-batches that hold whole groups). No PPO
 ratio, no clipping, no KL, no entropy; a non-finite gradient skips the step; gradients are not clipped.
 
-Spec "pacs" reads `cfg.pacs` (method, beta, estimator, use_std, weight_mode, and optionally masked_score,
-default True; False = the reference's unmasked sums). Metrics "pacs/...".
+Spec "pacs" (options, rules, registration: `algos.pacs_options`) reads `cfg.pacs` (method, beta,
+estimator, use_std, weight_mode, and optionally masked_score, default True; False = the reference's
+unmasked sums). Metrics "pacs/...".
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ import torch.nn.functional as F
 
 from algos import baselines
 from algos.aggregation import aggregate_rows
+from algos.batch import LossContext, LossTerm
 from algos.importance import importance_correction
 from algos.masked import masked_mean
-from algos.registry import AlgoSpec, LossComponent, LossContext, LossTerm, register
-
-PACS_ESTIMATORS = ("rloo", "grpo", "naive")
-WEIGHT_MODES = ("question", "only_positive", "only_negative", "none")
+from algos.pacs_options import PACS_ESTIMATORS, ROW_IS_MODES, WEIGHT_MODES
+from algos.spec import LossComponent, Maths
 
 
 def pacs_score(logprobs: torch.Tensor, old_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -149,9 +149,6 @@ def pacs_row_losses(logprobs: torch.Tensor, old_logprobs: torch.Tensor, response
     return rows, metrics
 
 
-ROW_IS_MODES = ("tis", "mask", "none")
-
-
 def sequence_ratio(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """s_i = exp(mean_t (log π_prox − log μ)) over the row's on-policy tokens (`mask` [B, T]): the
     length-normalised sequence ratio (geometric mean of the token ratios, as in GSPO); 1 for a row
@@ -214,31 +211,8 @@ def bce_loss(ctx: LossContext, cfg: Any) -> LossTerm:
         "pacs/is_row_clip_frac": corrected.to(c.dtype).mean() if c.numel() else torch.zeros(()),
         "pg/ppo_kl": masked_mean(b.old_logprobs - ctx.logprobs.detach(), b.response_mask),
     }
-    return LossTerm(loss, {"pacs/bce": loss.detach()} | metrics)
+    return LossTerm(loss, {"pacs/bce": loss.detach()} | metrics, summed=frozenset({"pacs/bce"}))
 
 
 BCE = LossComponent("pacs_bce", bce_loss)
-
-
-def pacs_problems(cfg: Any):
-    """PACS' configuration rules (RunConfig.problems)."""
-    lo = cfg.loss
-    if lo.is_correction not in ROW_IS_MODES:
-        yield (f"loss.is_correction: {lo.is_correction!r} decouples a PPO clip and PACS has none — use "
-               f"one of {', '.join(ROW_IS_MODES)} (applied per row, see algos.pacs.row_importance_weight)")
-    if lo.ratio_level != "token":
-        yield "loss.ratio_level: PACS has no PPO ratio (GSPO's sequence ratio does not apply) — set loss.ratio_level=token"
-    if lo.overlong_cache_tokens:
-        yield ("loss.overlong_cache_tokens: PACS' BCE labels are the 0/1 outcomes, a length penalty would make them "
-               "soft — set loss.overlong_cache_tokens=0 (loss.overlong_filter works with PACS)")
-
-SPEC = register(AlgoSpec(
-    name="pacs",
-    summary="PACS: BCE between the group advantage of the implicit score β·Σ log π_θ/π_old and the outcome",
-    losses=(BCE,),
-    advantage=None,
-    whole_groups_per_microbatch=True,
-    skip_nonfinite_grad=True,
-    clip_grad=False,
-    validate=pacs_problems,
-))
+MATHS = Maths(losses=(BCE,))

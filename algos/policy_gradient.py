@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from algos.aggregation import aggregate
+from algos.batch import LossContext, LossTerm
 from algos.importance import importance_correction
 from algos.overlong import loss_mask
 from algos.ppo import kl_penalty, ppo_clip_loss
-from algos.registry import LossComponent, LossContext, LossTerm
+from algos.spec import LossComponent
 
 
 def clipped_pg(ctx: LossContext, cfg: Any) -> LossTerm:
@@ -48,7 +49,7 @@ def entropy_bonus(ctx: LossContext, cfg: Any) -> LossTerm:
     its weight is −entropy_coef (a bonus lowers the loss)."""
     b = ctx.batch
     ent = aggregate(ctx.entropy, loss_mask(b, b.response_mask, cfg), cfg.loss.agg, ctx.norm)
-    return LossTerm(ent, {"entropy": ent.detach()})
+    return LossTerm(ent, {"entropy": ent.detach()}, summed=frozenset({"entropy"}))
 
 
 def kl_to_reference(ctx: LossContext, cfg: Any) -> LossTerm:
@@ -59,14 +60,10 @@ def kl_to_reference(ctx: LossContext, cfg: Any) -> LossTerm:
         raise ValueError("loss.kl_coef > 0 needs reference log-probs, but the learner provided none")
     kl = aggregate(kl_penalty(ctx.logprobs, b.ref_logprobs, cfg.loss.kl_estimator),
                    loss_mask(b, b.response_mask, cfg), cfg.loss.agg, ctx.norm)
-    return LossTerm(kl, {"kl/ref": kl.detach()})
+    return LossTerm(kl, {"kl/ref": kl.detach()}, summed=frozenset({"kl/ref"}))
 
 
 PG = LossComponent("pg", clipped_pg)
 ENTROPY = LossComponent("entropy", entropy_bonus, weight=lambda cfg: -cfg.loss.entropy_coef, needs_entropy=True)
 KL = LossComponent("kl", kl_to_reference, weight=lambda cfg: cfg.loss.kl_coef)
-STANDARD_LOSSES = (PG, ENTROPY, KL)
-
-
-def kl_requirements(cfg: Any) -> frozenset[str]:
-    return frozenset({"ref_logprobs"}) if cfg.loss.kl_coef > 0 else frozenset()
+STANDARD_LOSSES = (PG, ENTROPY, KL)  # the KL term's inputs: `algos.spec.kl_requirements`

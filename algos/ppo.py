@@ -81,15 +81,16 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-KL_ESTIMATORS = ("k1", "abs", "mse", "k3")
+KL_ESTIMATORS = ("k1", "abs", "mse", "k3", "low_var_kl")
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ.
+    """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ, with d = log π − log π_ref.
 
-    k1 (verl "kl"): log π − log π_ref.   abs: |k1|.   mse: ½·k1².
-    k3 (verl "low_var_kl", Schulman): exp(log π_ref − log π) − (log π_ref − log π) − 1, log-ratio
-    clamped to ±20 and the result to [−10, 10] as in verl.
+    k1 (verl "kl"): d.   abs: |d|.   mse: ½·d².
+    k3 (Schulman's estimator; PURE-main `use_kl_estimator_k3`): exp(−d) + d − 1, unclamped.
+    low_var_kl (verl): k3 with −d clamped to ±20 and the result to [−10, 10].
+    Each name means one estimator everywhere (`loss.kl_estimator`, `pure.kl_estimator`).
     """
     d = logprobs - ref_logprobs
     if estimator in ("k1", "kl"):
@@ -98,7 +99,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         return d.abs()
     if estimator == "mse":
         return 0.5 * d.square()
-    if estimator in ("k3", "low_var_kl"):
+    if estimator == "k3":
+        return torch.exp(-d) - 1.0 + d
+    if estimator == "low_var_kl":
         kl = torch.clamp(ref_logprobs - logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return torch.clamp(torch.exp(kl) - kl - 1.0, -10.0, 10.0)
     raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")

@@ -1,8 +1,10 @@
 """PRIME: implicit process rewards (online PRM) + RLOO over process and outcome rewards, PPO clip.
 
 ALGORITHMS.md "PRIME"; REFERENCE_NOTES §2, §7.1–7.6. The PRM side (implicit reward, λ smoothing,
-normalisation, PRM losses, dpo_acc) is in `algos.prime_prm`; this module holds the group filter, the
-oversample-then-downsample choice, the advantage and the spec.
+normalisation, PRM losses, dpo_acc) is in `algos.prime_prm`; options, rules and registration in
+`algos.prime_options`; this module holds the advantage. The group filter is the buffer's
+(`buffer.filter=accuracy_window`); the reference's filter and downsampling are test oracles
+(`tests/reference/prime.py`).
 
 Spec "prime" reads `cfg.prime`: beta, raw_q, lam, use_gt, granularity, drop_last_token, norm,
 norm_shards, c_gt, c_pr, gamma, outcome_gamma, whiten, process_baseline. `update`, `ref`, `prm_loss`,
@@ -18,9 +20,11 @@ from typing import Any
 import torch
 
 from algos import baselines
+from algos.batch import StepBatch
 from algos.masked import masked_mean, whiten
 from algos.overlong import shaped_rewards
-from algos.policy_gradient import STANDARD_LOSSES, kl_requirements
+from algos.policy_gradient import STANDARD_LOSSES
+from algos.prime_options import PROCESS_BASELINES
 from algos.prime_prm import (
     dpo_abs_accuracy,
     dpo_accuracy,
@@ -29,74 +33,8 @@ from algos.prime_prm import (
     prm_ce_loss,
     process_reward_scale,
 )
-from algos.registry import PROX, AlgoSpec, StepBatch, register
 from algos.returns import discounted_returns, place_at_last_token
-
-PROCESS_BASELINES = ("seed", "reference")
-
-
-def accuracy_group_filter(
-    acc: torch.Tensor,
-    group_index: torch.Tensor,
-    lo: float = 0.2,
-    hi: float = 0.8,
-    *,
-    filter_accuracy: bool = True,
-    response_mask: torch.Tensor | None = None,
-    max_response_length: int | None = None,
-) -> torch.Tensor:
-    """Rows to keep [B] bool; whole groups are kept or dropped.
-
-    A group is kept iff lo ≤ mean_g(acc) ≤ hi (inclusive, mean in float64; skipped when
-    `filter_accuracy=False`) and, when `max_response_length` is given (PRIME-orig `filter_truncated`),
-    no row of the group has valid length Σ_t response_mask ≥ max_response_length.
-
-    Deviations from the reference: PRIME-orig keeps sampling until the batch is full and buffers surplus
-    prompts; that policy belongs to the buffer — this function only decides which groups pass.
-    """
-    if acc.dim() != 1 or group_index.shape != acc.shape:
-        raise ValueError("acc and group_index must both be [B]")
-    keep = torch.ones_like(acc, dtype=torch.bool)
-    if acc.numel() == 0:
-        return keep
-    g = int(group_index.max()) + 1
-    if filter_accuracy:
-        count = baselines.group_sum(torch.ones_like(acc, dtype=torch.float64), group_index, g)
-        mean = baselines.group_sum(acc.double(), group_index, g) / count.clamp_min(1.0)
-        keep &= ((mean >= lo) & (mean <= hi))[group_index]
-    if max_response_length is not None:
-        if response_mask is None:
-            raise ValueError("the truncation filter needs response_mask")
-        truncated = (response_mask.sum(-1) >= max_response_length).double()
-        keep &= (baselines.group_sum(truncated, group_index, g) == 0)[group_index]
-    return keep
-
-
-def downsample_groups(group_pass: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Indices [num_groups] int64 of the groups to train on, passing groups first (mirrors PRIME-verl
-    `filter_and_downsample`, REFERENCE_NOTES §2.1 step 3 and §7.6).
-
-    group_pass [G] bool: group g passes the filters, e.g. `accuracy_group_filter(...)` at g's first row
-    (PRIME-verl's truncation filter, max valid length ≥ max_response_length − 1, is
-    `max_response_length=L − 1` there). With G = oversample_factor × B candidates and num_groups = B the
-    result is: every passing group in index order, then failing groups in index order, cut to exactly
-    num_groups — so failing groups fill the batch when fewer than B pass. Row indices of group g with
-    contiguous groups of n: g·n … g·n + n − 1 (the reference reorders rows that way).
-
-    Deviations from the reference: the order is stable (the reference's `argsort(mask, descending=True)`
-    does not guarantee which passing/failing groups come first among equals). In this system the
-    function is not wired in: the buffer applies the accuracy filter (`buffer.filter=accuracy_window`)
-    and the learner pulls `learner.batch_prompts` passing groups, so the refill happens by construction
-    (the buffer waits for more passing groups; failing groups never fill a batch).
-    """
-    if group_pass.dim() != 1:
-        raise ValueError(f"group_pass must be [G] (got shape {tuple(group_pass.shape)})")
-    g = group_pass.shape[0]
-    if not 0 <= num_groups <= g:
-        raise ValueError(f"cannot keep {num_groups} groups out of {g} candidates")
-    passing = group_pass.bool()
-    order = torch.cat([torch.nonzero(passing).flatten(), torch.nonzero(~passing).flatten()])
-    return order[:num_groups]
+from algos.spec import Maths
 
 
 def rloo_process_rewards(r: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
@@ -209,33 +147,4 @@ def _prime_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torc
     return adv * m, {k: v.detach() for k, v in (metrics | overlong_metrics).items()}
 
 
-def prime_requirements(cfg: Any) -> frozenset[str]:
-    """StepBatch inputs of spec "prime": the implicit-PRM provider's q, plus ref log-probs for a KL loss
-    (and π_prox before the update when it is the PRM's reference, prime.ref = policy)."""
-    prox = {PROX} if cfg.prime.ref == "policy" else set()
-    return frozenset({"prime_q"} | prox) | kl_requirements(cfg)
-
-
-def prime_problems(cfg: Any):
-    """PRIME's configuration rules (RunConfig.problems)."""
-    if cfg.buffer.filter != "accuracy_window":
-        yield ("buffer.filter: PRIME trains on groups inside the accuracy window — set "
-               "buffer.filter=accuracy_window (bounds buffer.acc_lo/acc_hi)")
-    r = cfg.rollout
-    if cfg.prime.ref == "policy" and (r.top_p < 1 or r.top_k > 0):
-        yield ("prime.ref: 'policy' compares the PRM's untruncated log-probs with π_prox, which top-p/top-k "
-               "truncate (rollout.top_p < 1 or rollout.top_k > 0) — use prime.ref=freeze or sample without "
-               "truncation")
-    if cfg.prime.drop_last_token and cfg.prime.granularity == "whole":
-        yield ("prime.drop_last_token: with prime.granularity=whole the whole reward sits on the last token and "
-               "would be dropped — set prime.granularity=token or prime.drop_last_token=false")
-
-
-register(AlgoSpec(
-    name="prime",
-    summary="PRIME: implicit PRM process rewards + RLOO on process and outcome rewards, PPO clip",
-    advantage=_prime_adv,
-    losses=STANDARD_LOSSES,
-    requires=prime_requirements,
-    validate=prime_problems,
-))
+MATHS = Maths(losses=STANDARD_LOSSES, advantage=_prime_adv)

@@ -14,13 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from algos.prime_options import GRANULARITIES, NORMS
 from algos.returns import discounted_returns, last_token_index, suffix_sum
 
-GRANULARITIES = ("token", "whole")
-NORMS = ("batch_norm", "batch_norm_local", "none")
-# `prime.prm_loss` -> bon_mode of `prm_detach_dpo_loss` (PRIME-verl `reward_model.model.loss_type`)
+# `prime.prm_loss` (other than ce) -> bon_mode of `prm_detach_dpo_loss` (PRIME-verl `reward_model.model.loss_type`)
 DETACH_BON_MODES = {"dpo": "none", "bon_acc": "bon_acc", "bon_rm": "bon_rm"}
-PRM_LOSSES = ("ce", *DETACH_BON_MODES)
 
 
 def _mask_like(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -29,18 +27,6 @@ def _mask_like(mask: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     if mask.shape != x.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match values {tuple(x.shape)}")
     return mask.to(x.dtype)
-
-
-def implicit_q(prm_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q_t = log π_φ(y_t) − log π_ref(y_t) on response tokens, 0 elsewhere: [B, T] -> [B, T].
-
-    Deviations from the reference: none in value. PRIME-orig keeps q unmasked (its padded log-probs
-    are 0 in both models, so the values agree); here q is zeroed explicitly outside the mask.
-    """
-    if prm_logprobs.shape != ref_logprobs.shape:
-        raise ValueError(f"PRM and reference log-probs differ in shape: {tuple(prm_logprobs.shape)} vs "
-                         f"{tuple(ref_logprobs.shape)}")
-    return (prm_logprobs - ref_logprobs) * _mask_like(mask, prm_logprobs)
 
 
 def implicit_process_reward(

@@ -1,7 +1,8 @@
 """PURE: min-form credit assignment of PRM step scores, fused with RLOO on the verifiable reward.
 
 ALGORITHMS.md "PURE"; REFERENCE_NOTES §3, §7.7–7.10. Step splitting, the min-form transform and the
-credit assignment are in `algos.pure_steps`; this module holds the baselines, the fusion and the spec.
+credit assignment are in `algos.pure_steps`; options, rules and registration in `algos.pure_options`;
+this module holds the baselines and the fusion.
 
 Spec "pure" reads `cfg.pure`: credit, temperature, gamma, c_pr, c_vr, baseline, whiten,
 zero_separators, zero_final, kl_coef, kl_estimator; `cfg.rollout.max_response_tokens` (L of the verl
@@ -25,17 +26,15 @@ from typing import Any
 import torch
 
 from algos import baselines
+from algos.batch import StepBatch
 from algos.masked import masked_mean, whiten
 from algos.overlong import shaped_rewards
-from algos.policy_gradient import STANDARD_LOSSES, kl_requirements
+from algos.policy_gradient import STANDARD_LOSSES
 from algos.ppo import kl_penalty
+from algos.pure_options import BASELINES, KL_IN_REWARD, WHITEN_MODES
 from algos.pure_steps import process_returns
-from algos.registry import PROX, AlgoSpec, StepBatch, register
 from algos.returns import last_token_index, suffix_sum
-
-BASELINES = ("token", "step", "verl")
-WHITEN_MODES = ("none", "batch", "pure_main")
-KL_IN_REWARD = ("k1", "k3", "low_var_kl")
+from algos.spec import Maths
 
 
 def check_step_ends(step_end: torch.Tensor, mask: torch.Tensor) -> None:
@@ -176,7 +175,8 @@ def pure_main_normalize(adv: torch.Tensor, mask: torch.Tensor, exclude_zeros: bo
 
 def kl_in_reward(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
                  estimator: str = "k1") -> torch.Tensor:
-    """Per-token KL-in-reward term [B, T] (0 off the mask), d = log π − log π_ref:
+    """Per-token KL-in-reward term [B, T] (0 off the mask), d = log π − log π_ref, with the estimators of
+    `algos.ppo.kl_penalty` (one meaning per name):
 
       k1          d                                  (PURE-main default)
       k3          exp(−d) − 1 + d, unclamped         (PURE-main `use_kl_estimator_k3`, OpenRLHF)
@@ -185,32 +185,9 @@ def kl_in_reward(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch
     if estimator not in KL_IN_REWARD:
         raise ValueError(f"unknown pure.kl_estimator {estimator!r}; choose one of {KL_IN_REWARD}")
     m = mask.to(logprobs.dtype)
-    d = (logprobs - ref_logprobs) * m
-    if estimator == "k1":
-        return d
-    if estimator == "k3":
-        return (torch.exp(-d) - 1.0 + d) * m
-    return kl_penalty(logprobs, ref_logprobs, "low_var_kl") * m
-
-
-def verl_rloo_advantage(token_rewards: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor, *,
-                        width: int | None = None, do_whiten: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """PURE-verl `compute_rloo_outcome_advantage` with return_aggregate_method "sum" on token rewards
-    r [B, T] (the reference's token_level_rewards: VR at the last token + step rewards − β·KL):
-
-        R_t = Σ_{s≥t} r_s·M_s;   R ← (R − b_i)·M with b_i = `verl_baseline(R, M, g, width)` (L = width,
-        default T);   A = whiten(R, M)·M when `do_whiten` (adv_norm), else R.
-    Returns (advantages, returns), both [B, T].
-
-    Deviations from the reference: "min" aggregation (a running minimum over all columns, padding and
-    non-step zeros included, REFERENCE_NOTES §7.8) is not offered — `pure.credit=strict` is the true
-    suffix minimum; a singleton group gets b = 0 instead of a division by zero.
-    """
-    m = mask.to(token_rewards.dtype)
-    returns = suffix_sum(token_rewards * m) * m
-    returns = (returns - verl_baseline(returns, m, group_index, width)[:, None]) * m
-    adv = whiten(returns, m) * m if do_whiten else returns
-    return adv, returns
+    if estimator == "low_var_kl":  # clamped, so the unmasked value is finite on padding too
+        return kl_penalty(logprobs, ref_logprobs, estimator) * m
+    return kl_penalty(logprobs * m, ref_logprobs * m, estimator) * m
 
 
 def _whiten_mode(do_whiten: bool | str) -> str:
@@ -353,24 +330,4 @@ def _pure_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torch
     return adv, {k: v.detach() for k, v in metrics.items()}
 
 
-def pure_requirements(cfg: Any) -> frozenset[str]:
-    """Spec "pure" inputs: the process-reward provider; ref log-probs for KL-in-reward or a KL loss (and
-    π_prox before the update for KL-in-reward)."""
-    extra = {"ref_logprobs", PROX} if cfg.pure.kl_coef > 0 else set()
-    return frozenset({"process_rewards"}) | extra | kl_requirements(cfg)
-
-
-def pure_problems(cfg: Any):
-    """PURE's configuration rules (RunConfig.problems)."""
-    if cfg.pure.prm == "hf" and cfg.pure.prm_path is None:
-        yield "pure.prm_path: pure.prm=hf needs a token-classification PRM directory — set pure.prm_path"
-
-
-register(AlgoSpec(
-    name="pure",
-    summary="PURE: min-form credit assignment of PRM step scores + RLOO on the verifiable reward, PPO clip",
-    advantage=_pure_adv,
-    losses=STANDARD_LOSSES,
-    requires=pure_requirements,
-    validate=pure_problems,
-))
+MATHS = Maths(losses=STANDARD_LOSSES, advantage=_pure_adv)

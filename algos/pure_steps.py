@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
+from algos.pure_options import CREDITS
 from algos.returns import discounted_returns, suffix_sum
 
 SEPARATOR = "\n\n"
-CREDITS = ("minform", "uniform", "strict", "gamma")
 
 
 def step_spans(texts: Sequence[str], separator: str = SEPARATOR) -> list[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""SFT warm-up: token negative log-likelihood on demonstration tokens.
+"""SFT warm-up: token negative log-likelihood on demonstration tokens (registration: `algos.sft_options`).
 
 Uses the same learner, loader and checkpoints as RL; the batch's response tokens are demonstrations.
 Reads `cfg.loss.agg` for the aggregation (default token-mean).
@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from algos.aggregation import LossNorm, aggregate
-from algos.registry import AlgoSpec, LossComponent, LossContext, LossTerm, register
+from algos.batch import LossContext, LossTerm
+from algos.spec import LossComponent, Maths
 
 
 def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean",
@@ -22,13 +23,7 @@ def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean"
 
 def _nll(ctx: LossContext, cfg: Any) -> LossTerm:
     loss = nll_loss(ctx.logprobs, ctx.batch.response_mask, cfg.loss.agg, ctx.norm)
-    return LossTerm(loss, {"sft/nll": loss.detach()})
+    return LossTerm(loss, {"sft/nll": loss.detach()}, summed=frozenset({"sft/nll"}))
 
 
-register(AlgoSpec(
-    name="sft",
-    summary="SFT warm-up: token NLL on demonstrations",
-    losses=(LossComponent("nll", _nll),),
-    trains_on_demonstrations_only=True,
-    needs_demonstrations=True,
-))
+MATHS = Maths(losses=(LossComponent("nll", _nll),))

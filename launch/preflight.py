@@ -14,8 +14,8 @@ It writes nothing. Checked, in order:
 - data.demos (algorithms that train on demonstrations): loads whole with a demonstration per row, and
   at least one matches a training prompt by its question text;
 - reward.fn: loads and takes (prompt, response, ground_truth, extra) (`tasks.rewards.check_reward_fn`);
-- pure.prm (algorithms that use PURE's step scorer): pure.prm_path is an HF directory with a tokenizer,
-  or the named step-scorer function loads.
+- the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
+  with a tokenizer, or a function that loads.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def preflight(cfg: RunConfig) -> None:
         check_reward_fn(reward_name(cfg))
     except RewardSpecError as e:
         raise PreflightError(str(e)) from None
-    if "process_rewards" in spec.requires(cfg):
-        check_prm(cfg)
+    for key, kind in spec.files(cfg):
+        check_algorithm_file(cfg, key, kind)
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
                              "logging.wandb=false")
@@ -124,13 +124,17 @@ def check_demos(cfg: RunConfig, questions: set[str]) -> None:
                              "the training data")
 
 
-def check_prm(cfg: RunConfig) -> None:
-    """PURE's step scorer: an HF PRM directory (pure.prm=hf) or a function that loads."""
-    pc = cfg.pure
-    if pc.prm == "hf":
-        check_hf_dir("pure.prm_path", Path(pc.prm_path))
-    elif pc.prm != "rule":
+def check_algorithm_file(cfg: RunConfig, key: str, kind: str) -> None:
+    """One file or plugin an algorithm names (`AlgoSpec.files`): the dotted `key` holds an HF model
+    directory (kind "hf_dir") or a module:function / file.py:function that must load ("function")."""
+    section, _, name = key.rpartition(".")
+    value = getattr(getattr(cfg, section), name)
+    if kind == "hf_dir":
+        check_hf_dir(key, Path(value))
+    elif kind == "function":
         try:
-            load_function(pc.prm)
+            load_function(value)
         except Exception as e:
-            raise PreflightError(f"pure.prm={pc.prm}: {type(e).__name__}: {e}") from None
+            raise PreflightError(f"{key}={value}: {type(e).__name__}: {e}") from None
+    else:
+        raise ValueError(f"{cfg.algo}: unknown kind {kind!r} of {key} in AlgoSpec.files; use hf_dir or function")

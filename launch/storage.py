@@ -23,11 +23,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import algos
 from configs.schema import RunConfig
 
-# Every config key that holds a filesystem path (dotted: section.field).
-PATH_KEYS = ("model.path", "model.cache_dir", "data.path", "data.eval_path", "data.demos", "pure.prm_path",
-             "logging.output_dir", "resume")
+# Every config key that holds a filesystem path (dotted: section.field), with each algorithm's own
+# (`AlgoSpec.path_keys`, e.g. pure.prm_path).
+PATH_KEYS = ("model.path", "model.cache_dir", "data.path", "data.eval_path", "data.demos", "logging.output_dir",
+             "resume", *(key for name in algos.names() for key in algos.get(name).path_keys))
 
 WHAT_MUST_BE_SHARED = (
     "every node must see the run folder (--output), the model (model.path, or model.cache_dir for the built-in "

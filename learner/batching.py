@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from algos.registry import StepBatch
+from algos.batch import StepBatch
 from buffer.records import Group
 
 

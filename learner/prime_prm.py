@@ -30,49 +30,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from algos.prime_prm import DETACH_BON_MODES, PRM_LOSSES, group_members, prm_ce_loss, prm_detach_dpo_loss
+from algos.prime_prm import DETACH_BON_MODES, group_members, prm_ce_loss, prm_detach_dpo_loss
 from learner.checkpoint import load_sharded, save_sharded, write_json
 from learner.distributed import all_reduce_sum
 from learner.optim import make_adamw, optimizer_step
-from learner.providers import Provider, ProviderContext, register_provider, run_scorer
-
-if TYPE_CHECKING:
-    from learner.learner import Learner
-
-UPDATES = ("single", "double")
-REFS = ("freeze", "policy")
+from learner.provider_base import ModelHost, Provider, ProviderContext, run_scorer
 
 
-@register_provider("prime_q")
 class ImplicitPRM(Provider):
-    def __init__(self, learner: Learner):
-        pc = learner.cfg.prime
-        if pc.update not in UPDATES:
-            raise ValueError(f"unknown prime.update {pc.update!r}; choose one of {UPDATES}")
-        if pc.ref not in REFS:
-            raise ValueError(f"unknown prime.ref {pc.ref!r}; choose one of {REFS}")
-        if pc.prm_loss not in PRM_LOSSES:
-            raise ValueError(f"unknown prime.prm_loss {pc.prm_loss!r}; choose one of {PRM_LOSSES}")
+    """The "prime_q" provider (module docstring). `prime.update`, `prime.ref` and `prime.prm_loss` take the
+    values `algos.prime_options` declares (the config refuses any other)."""
+
+    def __init__(self, host: ModelHost):
+        pc = host.cfg.prime
         self.pc = pc
-        self.world_size = learner.world_size
-        self.rank = learner.rank
-        self.model = learner.build_model(trainable=True)
+        self.world_size = host.world_size
+        self.rank = host.rank
+        self.model = host.build_model(trainable=True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_adamw(self.params, pc.prm_lr, (0.9, 0.999), 0.0)
-        self.learner = learner
+        self.host = host
         if pc.ref == "freeze":
-            learner.reference()
+            host.reference()
         self.version = 0
         self.skipped = 0
         self._metrics: dict[str, float] = {}
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
         pc = self.pc
-        ref = self.learner.reference_logprobs(ctx) if pc.ref == "freeze" else ctx.old_logprobs
+        ref = self.host.reference_logprobs(ctx) if pc.ref == "freeze" else ctx.old_logprobs
         mask = ctx.response_mask
         acc = ctx.rewards.float().clamp(0.0, 1.0)
         pos = {g: i for i, g in enumerate(ctx.local)}

@@ -28,15 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from algos.pure_steps import SEPARATOR, scores_from_logits, step_spans
-from learner.providers import Provider, ProviderContext, register_provider
-
-if TYPE_CHECKING:
-    from learner.learner import Learner
+from learner.provider_base import ModelHost, Provider, ProviderContext
 
 
 class ProcessRewardModel(Protocol):
@@ -120,13 +117,12 @@ class HFTokenClassificationPRM:
 
 def make_prm(cfg, device: torch.device, dtype: torch.dtype = torch.float32) -> ProcessRewardModel:
     """The PRM named by cfg.pure.prm: "rule", "hf" with cfg.pure.prm_path (loaded in `dtype` on `device`,
-    scoring `learner.micro_batch_samples` rows per forward), or a step-scoring function."""
+    scoring `learner.micro_batch_samples` rows per forward; the config guarantees the path,
+    `algos.pure_options.pure_problems`), or a step-scoring function."""
     pc = cfg.pure
     if pc.prm == "rule":
         return RuleStepChecker()
     if pc.prm == "hf":
-        if not pc.prm_path:
-            raise ValueError("pure.prm=hf needs pure.prm_path (a token-classification PRM directory)")
         return HFTokenClassificationPRM(pc.prm_path, device=device, dtype=dtype,
                                         batch_rows=cfg.learner.micro_batch_samples)
     return FunctionStepScorer(pc.prm)
@@ -219,11 +215,12 @@ def score_response(prm: ProcessRewardModel, tokenizer, prompt_ids: Sequence[int]
     return score_responses(prm, tokenizer, [(prompt_ids, response_ids)])[0]
 
 
-@register_provider("process_rewards")
 class ProcessRewards(Provider):
-    def __init__(self, learner: Learner):
-        self.tokenizer = learner.tokenizer
-        self.prm = make_prm(learner.cfg, learner.device, learner.compute_dtype)
+    """The "process_rewards" provider (module docstring)."""
+
+    def __init__(self, host: ModelHost):
+        self.tokenizer = host.tokenizer
+        self.prm = make_prm(host.cfg, host.device, host.compute_dtype)
         self._metrics: dict[str, float] = {}
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:

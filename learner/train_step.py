@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from algos.aggregation import LossNorm
+from algos.batch import LossContext, StepBatch
 from algos.overlong import loss_mask
-from algos.registry import AlgoSpec, LossContext, StepBatch
+from algos.spec import AlgoSpec
 from learner.batching import MicroBatch
 from learner.distributed import all_reduce_sum, reduce_weighted
 
@@ -80,9 +81,10 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
     micro-batch's π_prox is its own forward's detached log-probs (the same numbers, one forward less).
 
     loss/<component> and loss/total are sums over micro-batches and ranks (each part is already
-    divided by the global counts, so the sum is the step's loss). A component metric equal to its
-    term's loss (e.g. sft/nll, entropy) is summed the same way; every other metric is a mean over
-    micro-batches weighted by response tokens (maxima such as is/weight_max become such means too).
+    divided by the global counts, so the sum is the step's loss). The metrics a term declares `summed`
+    (its own loss under another name, e.g. sft/nll, entropy) are summed the same way; every other metric
+    is a mean over micro-batches weighted by response tokens (maxima such as is/weight_max become such
+    means too).
     """
     comps = active_components(spec, cfg)
     if not comps:
@@ -114,7 +116,7 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
             loss_sums[f"loss/{comp.name}"] += loss_value
             for k, v in term.metrics.items():
                 v = float(v)
-                if v == loss_value:  # the term's own (globally normalised) loss: a partial sum
+                if k in term.summed:  # a partial sum of a globally normalised value
                     summed.add(k)
                     loss_sums[k] += v
                 else:

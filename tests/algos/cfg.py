@@ -22,7 +22,7 @@ def backprop_all_losses(spec, cfg, batch, adv):
     import torch
 
     from algos.aggregation import LossNorm
-    from algos.registry import LossContext
+    from algos.batch import LossContext
 
     logprobs = (batch.old_logprobs + 0.01).clone().requires_grad_(True)
     ctx = LossContext(logprobs=logprobs, entropy=torch.rand(adv.shape) + logprobs * 0, batch=batch,

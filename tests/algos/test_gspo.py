@@ -5,11 +5,12 @@ import math
 import pytest
 import torch
 
+import algos
 from algos import luffy
 from algos.aggregation import LossNorm, aggregate
+from algos.batch import LossContext, StepBatch
 from algos.policy_gradient import PG
 from algos.ppo import ppo_clip_loss, sequence_log_ratio
-from algos.registry import LossContext, StepBatch
 from tests.algos.cfg import make_cfg
 from tests.vectors import assert_close
 
@@ -115,7 +116,7 @@ def test_clipped_pg_gspo_with_tis_correction():
 
 def test_luffy_rejects_sequence_ratio():
     cfg = make_cfg("luffy", loss={"ratio_level": "sequence"})
-    assert any(p.startswith("loss.ratio_level") for p in luffy.SPEC.validate(cfg))
+    assert any(p.startswith("loss.ratio_level") for p in algos.get("luffy").validate(cfg))
     ctx = LossContext(logprobs=_LP[:1], entropy=None, batch=_batch(_OLD[:1]), advantages=torch.ones(1, 2),
                       norm=LossNorm.local(_M[:1]))
     with pytest.raises(ValueError, match="loss.ratio_level"):

@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from algos import luffy, registry
+import algos
+from algos import luffy
 from algos.aggregation import LossNorm
+from algos.batch import LossContext, StepBatch
 from algos.luffy import extreme_group_keep, luffy_advantage, luffy_policy_loss
 from algos.luffy_loss import luffy_token_loss, off_policy_shape, on_policy_ratio, parse_reshape
 from algos.luffy_prefix import (
-    assemble_response,
     guided_prompt,
     prefix_length,
     prefix_ratio_windows,
@@ -23,8 +24,8 @@ from algos.luffy_prefix import (
     strip_padding,
     window_index,
 )
-from algos.registry import LossContext, StepBatch
 from tests.algos.cfg import make_cfg as _make_cfg
+from tests.reference.luffy import assemble_response
 from tests.vectors import assert_close, cases, group_ids, load
 
 
@@ -305,8 +306,8 @@ def _step_batch(b=8, t=6, seed=0):
 
 
 def test_spec_runs_through_registry_interface():
-    spec, cfg = luffy.SPEC, make_cfg()
-    assert spec.name == "luffy" and spec.requires(cfg) == frozenset() and registry.get("luffy") is spec
+    spec, cfg = algos.get("luffy"), make_cfg()
+    assert spec.name == "luffy" and spec.requires(cfg) == frozenset() and algos.get("luffy") is spec
     cfg_kl = make_cfg()
     cfg_kl.loss.kl_coef = 0.1
     assert spec.requires(cfg_kl) == frozenset({"ref_logprobs"})
@@ -344,7 +345,7 @@ def test_target_probs_must_be_provided():
 def test_microbatch_split_matches_full_batch():
     """Global norm: the sum of the micro-batch losses equals the full-batch loss (token-mean)."""
     batch, cfg = _step_batch(), make_cfg()
-    adv, _ = luffy.SPEC.advantage(batch, cfg)
+    adv, _ = algos.get("luffy").advantage(batch, cfg)
     lp = batch.old_logprobs + 0.3
     norm = LossNorm.local(batch.response_mask)
     full = luffy.MIXED_PG.fn(LossContext(lp, None, batch, adv, norm), cfg).loss
@@ -358,7 +359,7 @@ def test_empty_rows_and_no_demonstration_tokens_stay_finite():
     """An empty row (T_i = 0) and a micro-batch without demonstration tokens: finite loss and metrics."""
     batch, cfg = _step_batch(), make_cfg()
     batch.response_mask[3] = 0.0
-    adv, _ = luffy.SPEC.advantage(batch, cfg)
+    adv, _ = algos.get("luffy").advantage(batch, cfg)
     idx = torch.tensor([1, 2, 3])  # on-policy rows only, one of them empty
     lp = (batch.old_logprobs[idx] + 0.2).requires_grad_(True)
     ctx = LossContext(lp, None, batch.rows(idx), adv[idx], LossNorm.local(batch.response_mask))

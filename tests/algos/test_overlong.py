@@ -10,10 +10,10 @@ import torch
 import algos
 from algos import luffy
 from algos.aggregation import LossNorm
+from algos.batch import LossContext, StepBatch
 from algos.overlong import filter_truncated, loss_mask, overlong_penalty, shaped_rewards
 from algos.policy_gradient import ENTROPY, KL, PG
 from algos.pure import pure_advantage
-from algos.registry import LossContext, StepBatch
 from buffer.records import Group, Sample
 from learner import batching
 from tests.algos.cfg import make_cfg
@@ -80,7 +80,7 @@ def test_penalty_reaches_pure_and_luffy_advantages():
     # LUFFY (grpo, no std, no extreme filter): mean of (0, 0.5, 0) is 1/6 → (−1/6, 1/3, −1/6)
     cfg = _cfg("luffy", overlong_cache_tokens=2)
     cfg.luffy.estimator, cfg.luffy.use_std, cfg.luffy.filter_extreme_groups = "grpo", False, False
-    adv, _ = luffy.SPEC.advantage(batch, cfg)
+    adv, _ = algos.get("luffy").advantage(batch, cfg)
     assert_close(adv[:, 0], torch.tensor([-1 / 6, 1 / 3, -1 / 6]))
 
 

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from algos import pacs, registry
+import algos
+from algos import pacs
 from algos.aggregation import LossNorm
+from algos.batch import LossContext, StepBatch
 from algos.pacs import pacs_advantage, pacs_row_losses, pacs_score, pacs_weights
-from algos.registry import LossContext, StepBatch
 from tests.algos.cfg import make_cfg as _make_cfg
 from tests.vectors import assert_close, cases
 
@@ -139,11 +140,11 @@ def _step_batch(b=8, t=5, seed=0):
 
 
 def test_spec_runs_through_registry_interface():
-    spec, cfg = pacs.SPEC, make_cfg()
+    spec, cfg = algos.get("pacs"), make_cfg()
     assert spec.name == "pacs" and spec.advantage is None
     assert spec.whole_groups_per_microbatch and spec.skip_nonfinite_grad and not spec.clip_grad
     assert [c.name for c in spec.losses] == ["pacs_bce"] and spec.requires(cfg) == frozenset()
-    assert registry.get("pacs") is spec
+    assert algos.get("pacs") is spec
     batch = _step_batch()
     lp = (batch.old_logprobs + 0.05 * torch.randn(batch.old_logprobs.shape)).requires_grad_(True)
     ctx = LossContext(logprobs=lp, entropy=None, batch=batch, advantages=torch.zeros_like(lp),

@@ -5,26 +5,21 @@ import pytest
 import torch
 
 import algos
-from algos.prime import (
-    accuracy_group_filter,
-    downsample_groups,
-    prime_advantage,
-    prime_requirements,
-    rloo_process_rewards,
-)
+from algos.batch import StepBatch
+from algos.prime import prime_advantage, rloo_process_rewards
+from algos.prime_options import prime_requirements
 from algos.prime_prm import (
     dpo_abs_accuracy,
     dpo_accuracy,
     group_members,
     implicit_process_reward,
-    implicit_q,
     normalize_process_reward,
     prm_ce_loss,
     prm_detach_dpo_loss,
     process_reward_scale,
 )
-from algos.registry import StepBatch
 from tests.algos.cfg import backprop_all_losses, make_cfg
+from tests.reference.prime import accuracy_group_filter, downsample_groups, implicit_q
 from tests.vectors import assert_close, cases
 
 # ---------------------------------------------------------------- reference vectors

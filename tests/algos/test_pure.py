@@ -6,17 +6,17 @@ import pytest
 import torch
 
 import algos
+from algos.batch import StepBatch
 from algos.pure import (
     check_step_ends,
     kl_in_reward,
     process_baseline,
     pure_advantage,
     pure_main_normalize,
-    pure_requirements,
     step_score_metrics,
     verl_baseline,
-    verl_rloo_advantage,
 )
+from algos.pure_options import pure_requirements
 from algos.pure_steps import (
     minform_rewards,
     minform_weights,
@@ -26,8 +26,8 @@ from algos.pure_steps import (
     step_spans,
     strict_min_returns,
 )
-from algos.registry import StepBatch
 from tests.algos.cfg import backprop_all_losses, make_cfg
+from tests.reference.pure import verl_rloo_advantage
 from tests.vectors import assert_close, cases
 
 # ---------------------------------------------------------------- reference vectors

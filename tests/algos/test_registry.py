@@ -12,7 +12,7 @@ import torch
 
 import algos
 from algos.aggregation import LossNorm
-from algos.registry import LossContext, StepBatch
+from algos.batch import LossContext, StepBatch
 from configs.loading import resolve
 
 B, T = 7, 6

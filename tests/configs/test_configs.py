@@ -84,13 +84,14 @@ def test_console_script_help_lists_every_algorithm():
 def test_an_algorithm_is_its_registry_entry_and_validates_its_own_section(monkeypatch):
     """A spec added to the registry is accepted as `algo` and its own rules run with the shared ones;
     the built-in specs' rules name their keys."""
-    from algos import registry
+    from algos import spec as registry
 
     def toy_problems(cfg):
         if cfg.loss.clip_low > 0.1:
             yield "loss.clip_low: toy needs ε ≤ 0.1 — set loss.clip_low=0.1"
 
-    toy = registry.AlgoSpec(name="toy", summary="a test algorithm", losses=(), validate=toy_problems)
+    toy = registry.AlgoSpec(name="toy", summary="a test algorithm", maths=registry.Maths(losses=()),
+                            validate=toy_problems)
     monkeypatch.setitem(registry._REGISTRY, "toy", toy)
     assert RunConfig(algo="toy", loss={"clip_low": 0.05}).algo == "toy"
     with pytest.raises(ValueError, match="loss.clip_low: toy needs"):

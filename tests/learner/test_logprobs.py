@@ -10,9 +10,9 @@ from learner.logprobs import (
     OUTSIDE_SUPPORT_LOGPROB,
     TokenScorer,
     chunked_token_logprobs,
-    reference_token_logprobs,
     support_mask,
 )
+from tests.reference.logprobs import reference_token_logprobs
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 64])

