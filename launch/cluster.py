@@ -27,7 +27,7 @@ address file counts (a GCS without it is another user's private Ray, not a clust
 `ClusterInfo.discover` joins briefly to read `ray.nodes()` (the resource check runs before anything
 starts, in the `algo-train` process) and leaves again; `ClusterInfo.resolve(cfg)` returns the config the
 run uses and records: "auto" settings decided (`launch.resources.resolve_auto`) and `ray_address` set to
-the cluster joined, so that `cfg.ray_address is not None` is "this run spans a cluster" everywhere.
+the cluster joined, so that `joins_cluster(cfg)` answers "does this run span a cluster" everywhere.
 """
 
 from __future__ import annotations
@@ -102,6 +102,13 @@ def cluster_nodes() -> list[Node]:
     import ray
 
     return nodes_from_ray(ray.nodes())
+
+
+def joins_cluster(cfg: RunConfig) -> bool:
+    """True when the run spans a joined Ray cluster: its services listen on and advertise the node IPs
+    Ray reports. False on a single machine (a local Ray, or --serial): they stay on loopback. Decided at
+    launch: `ClusterInfo.resolve` sets `ray_address` to the cluster joined, None for a single machine."""
+    return cfg.ray_address is not None
 
 
 def init_ray(cfg: RunConfig) -> None:

@@ -30,6 +30,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     from actors.prompts import load_tokenizer
     from buffer.auth import RunSecrets
     from launch.buffer_keeper import BufferKeeper
+    from launch.cluster import joins_cluster
     from launch.data import load_run_data
     from launch.model_prep import prepare_model
     from launch.placement import plan_cores
@@ -41,7 +42,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     data = load_run_data(cfg, tokenizer, run_dir, need_demos=algos.get(cfg.algo).needs_demonstrations,
                          log=progress.message)
     secrets = RunSecrets.generate()  # this run's keys: handed to its processes, never written anywhere
-    cluster = cfg.ray_address is not None  # resolved at launch (launch.cluster): loopback on one machine
+    cluster = joins_cluster(cfg)  # else loopback: one machine
     graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message,
                          log_dir=None if cfg.logging.verbose else run_dir / "logs")
     keeper = None

@@ -22,29 +22,25 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import algos
 from buffer.records import Key
 from configs.schema import RunConfig
+from launch.cluster import cluster_nodes, init_ray, joins_cluster
 from launch.data import RunData
-from launch.roles import LOG_FILE_ENV, ActorRole, LearnerRank
+from launch.roles import LOG_FILE_ENV, LearnerRank
 
 
-class _Local:
-    """A role object in this process, called like a Ray handle (`h.m.remote(...)` -> result)."""
+class LocalRole:
+    """A role object in this process (`--serial`) behind a Ray actor handle's calls:
+    `role.method.remote(...)` runs `method(...)` at once and returns what `ray.get` of it would."""
 
     def __init__(self, obj):
         self._obj = obj
 
     def __getattr__(self, name):
-        method = getattr(self._obj, name)
-
-        class _M:
-            @staticmethod
-            def remote(*args, **kwargs):
-                return method(*args, **kwargs)
-
-        return _M
+        return SimpleNamespace(remote=getattr(self._obj, name))
 
 
 def last_lines(path: Path, n: int) -> list[str]:
@@ -83,14 +79,13 @@ class ProcessGraph:
         if not self.serial:
             import ray
 
-            from launch.cluster import cluster_nodes, init_ray
             from launch.placement import Placement
             from launch.resources import local_node, plan
 
             init_ray(cfg)
             self._ray = ray
             try:  # the nodes the launch checked: a local Ray's memory resource is only Ray's estimate
-                joined = cfg.ray_address is not None
+                joined = joins_cluster(cfg)
                 p = plan(cfg, cluster_nodes() if joined else [local_node()], joined=joined)
                 self.placement = Placement(p, cfg.placement_timeout_s)
                 self.placement.reserve()
@@ -118,7 +113,7 @@ class ProcessGraph:
         """Constructor of `cls` as a Ray actor in bundle `bundle` (-1 = any free one) of its placement
         group (learner ranks: "learner", actors: "actors"), or a plain object with --serial."""
         if self.serial:
-            return lambda *a, **k: _Local(cls(*a, **k))
+            return lambda *a, **k: LocalRole(cls(*a, **k))
         group, section = ("learner", self.cfg.learner) if cls is LearnerRank else ("actors", self.cfg.rollout)
         opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": max_concurrency, "max_restarts": 0,
                 "scheduling_strategy": self.placement.strategy(group, bundle)}
@@ -199,25 +194,17 @@ class ProcessGraph:
         return self._get([r.load.remote(str(path)) for r in self.ranks])[0]
 
     # ------------------------------------------------------------------ actors
-    def _actor_env(self, cores) -> dict:
-        # Engines log at ERROR unless the user asks for more (their INFO lines would bury the progress
-        # line: vLLM logs every weight reload); c10d's polling chatter is silenced the same way.
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.cfg.rollout.kv_cache_gib))),
-               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-               "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
-        if cores:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
-        return env
-
     def _new_actor(self, i: int, skip: list[Key], version: int):
+        from launch.actor_role import ActorRole, actor_env
+
         r = self.cfg.rollout
-        env = self._actor_env(self.actor_cores[i])
+        env = actor_env(self.cfg, self.actor_cores[i])
         if self.serial:  # the engine processes inherit this process's environment
             os.environ.update(env)
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
                           env=env, bundle=i, role=f"actor-{i}")
-        return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, self.actor_cores[i],
-                    version, [list(k) for k in skip], self.secrets)
+        return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, version,
+                    [list(k) for k in skip], self.secrets)
 
     def start_actors(self, actor_cores: list, skip: list[Key], version: int = 0) -> None:
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:

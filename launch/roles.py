@@ -1,9 +1,12 @@
-"""The two process roles the orchestrator places with Ray: a learner rank and a rollout actor.
+"""The learner rank, one of the two process roles the orchestrator places with Ray (the other is
+`launch.actor_role.ActorRole`), and what every role's process shares: its address (`node_host`), its
+pid and host (`where`) and its log file (`to_log_file`).
 
-Both are plain classes (Ray-free, so `--serial` uses them directly); `launch.graph` wraps them with
-`ray.remote` and the resources of the config. CPU placement: on a CPU machine each role is pinned to
-the cores `launch.placement` chose for it (`VLLM_CPU_OMP_THREADS_BIND` for engines, sched_setaffinity +
-torch threads for learner ranks), so actors and learner do not fight over the same cores.
+Roles are plain classes (Ray-free, so `--serial` uses them directly); `launch.processes` wraps them
+with `ray.remote` and the resources of the config. CPU placement: on a CPU machine each role is pinned
+to the cores `launch.placement` chose for it (`VLLM_CPU_OMP_THREADS_BIND` for engines,
+`launch.actor_role.actor_env`; sched_setaffinity + torch threads for learner ranks), so actors and
+learner do not fight over the same cores.
 
 Addresses: the services of a learner rank (rank 0's process-group store, the weight-sync sender) are
 chosen in the rank's own process, on its own node (`node_host`), and advertised from there.
@@ -191,62 +194,3 @@ class LearnerRank:
         self._push_thread.shutdown(wait=False)
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class ActorRole:
-    """One rollout actor (`actors.RolloutActor`) with its engine pinned to its cores."""
-
-    def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts, cores: list[int] | None,
-                 initial_version: int = 0, skip: list | None = None, secrets=None):
-        """skip: (epoch, prompt) pairs never to generate (trained, discarded or held by the buffer:
-        `launch.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
-        to_log_file()
-        if cores:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.rollout.kv_cache_gib))))
-        if cfg.ray_address is not None:  # the engine's own processes talk over this node's address
-            import ray
-
-            os.environ.setdefault("VLLM_HOST_IP", ray.util.get_node_ip_address())
-        from actors.actor import RolloutActor
-
-        self.actor = RolloutActor(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,
-                                  prompts=prompts, initial_version=initial_version, secrets=secrets)
-        if skip:
-            self.actor.core.cursor.skip(skip)
-
-    def start(self) -> int:
-        self.actor.start()
-        return os.getpid()
-
-    def connect_weight_sync(self, host: str, port: int, token: str) -> int:
-        """Join the learner's weight-sync group at host:port, proving `token` (`RunSecrets.weight_sync_token`)."""
-        return self.actor.connect_weight_sync(host, port, token)
-
-    def follow_weight_updates(self) -> None:
-        self.actor.follow_weight_updates()
-
-    def start_rollouts(self) -> None:
-        self.actor.start_rollouts()
-
-    def stop(self, drain: bool, timeout_s: float) -> None:
-        self.actor.stop(drain=drain, timeout_s=timeout_s)
-
-    def evaluate(self, items) -> dict:
-        return self.actor.evaluate(items)
-
-    def stats(self) -> dict:
-        return self.actor.stats()
-
-    def where(self) -> dict:
-        return where()
-
-    def delivered_since(self, wall_time: float) -> list:
-        return self.actor.delivered_since(wall_time)
-
-    def requeue(self, keys: list) -> None:
-        self.actor.requeue(keys)
-
-    def close(self) -> None:
-        self.actor.close()
-

@@ -28,7 +28,7 @@ def supervise(cfg: RunConfig, run_dir: Path) -> int:
     spec.write_text(cfg.model_dump_json())
     env = dict(os.environ)
     if cfg.serial:  # the learner and the actors live in the run's process: quiet it as their processes are
-        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (launch.processes._actor_env); read when torch loads
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # (launch.actor_role.actor_env); read when torch loads
         env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     proc = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(spec), str(run_dir)],
                             start_new_session=True, env=env)

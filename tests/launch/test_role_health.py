@@ -101,11 +101,11 @@ class Scorer:
 
 
 def test_evaluation_is_spread_over_every_actor_and_weighted_by_counts():
-    from launch.processes import _Local
+    from launch.processes import LocalRole
 
     graph = ProcessGraph.__new__(ProcessGraph)
     scorers = [Scorer() for _ in range(3)]
-    graph.serial, graph.actors = True, [_Local(s) for s in scorers]
+    graph.serial, graph.actors = True, [LocalRole(s) for s in scorers]
     # items 0..6: actor 0 scores 0, 3, 6 (1 odd of 3), actor 1 scores 1, 4 (1 of 2), actor 2 scores 2, 5 (1 of 2)
     assert graph.evaluate(list(range(7))) == {"accuracy": 3 / 7, "n": 7}
     assert [s.got for s in scorers] == [[0, 3, 6], [1, 4], [2, 5]]

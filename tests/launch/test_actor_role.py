@@ -1,0 +1,35 @@
+"""`ActorRole` is `actors.RolloutActor` as Ray places it (no forwarding layer in between): every call
+`launch.processes.ProcessGraph` makes on an actor is a method of the Ray-wrapped class, taking the
+arguments the graph passes; and `actor_env` is the one place the actor's process environment comes
+from. No Ray is started and no engine is built."""
+
+from __future__ import annotations
+
+import inspect
+
+import ray
+
+from configs.loading import resolve
+from launch.actor_role import ActorRole, actor_env
+
+# name -> the positional arguments `ProcessGraph` passes (launch/processes.py)
+GRAPH_CALLS = {"start": (), "connect_weight_sync": ("10.0.0.1", 1234, "token"), "follow_weight_updates": (),
+               "start_rollouts": (), "stop": (True, 30.0), "evaluate": ([],), "stats": (), "where": (),
+               "delivered_since": (0.0,), "requeue": ([[0, 1]],), "close": ()}
+
+
+def test_ray_sees_every_method_the_graph_calls_with_the_graph_s_arguments():
+    methods = ray.remote(ActorRole).__ray_metadata__.method_meta.methods  # what `ray.remote` exposes
+    for name, args in GRAPH_CALLS.items():
+        assert name in methods, name
+        inspect.signature(getattr(ActorRole, name)).bind(None, *args)
+    inspect.signature(ActorRole).bind(resolve("grpo"), 0, "/model", "tcp://127.0.0.1:1", [], 3, [[0, 1]], None)
+
+
+def test_the_actor_env_pins_cores_sizes_the_kv_cache_and_keeps_the_user_s_log_level(monkeypatch):
+    cfg = resolve("grpo", overrides=["rollout.kv_cache_gib=2.5"])
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    assert actor_env(cfg, [2, 3]) == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "DEBUG",
+                                      "TORCH_CPP_LOG_LEVEL": "ERROR", "VLLM_CPU_OMP_THREADS_BIND": "2,3"}
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in actor_env(cfg, None)  # not pinned (GPUs, a cluster)
