@@ -1,6 +1,6 @@
-"""`ActorRole`: a rollout actor as the orchestrator places it. It *is* `actors.RolloutActor` (every method
-the driver calls is the actor's own), plus what its process needs before the engine starts, and the two
-answers `launch.processes.ProcessGraph` asks of every role (`start` returns the pid, `where`).
+"""`ActorRole`: a rollout actor as the orchestrator places it. It *is* `actors.actor.RolloutActor` (every
+method the driver calls is the actor's own), plus what its process needs before the engine starts and
+the two answers `launch.processes.ProcessGraph` asks of every role (`start` returns the pid, `where`).
 
 `launch.processes` wraps it with `ray.remote` (Ray names its processes `ray::ActorRole`), or with
 `--serial` calls it in the driver's process; either way the process environment of `actor_env` is set
@@ -31,7 +31,7 @@ def actor_env(cfg, cores: list[int] | None) -> dict[str, str]:
 
 
 class ActorRole(RolloutActor):
-    """One rollout actor (`actors.RolloutActor`), its output in its log file (`launch.roles.to_log_file`)."""
+    """One rollout actor (`actors.actor.RolloutActor`), its output in its log file (`launch.roles.to_log_file`)."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts,
                  initial_version: int = 0, skip: list | None = None, secrets=None):

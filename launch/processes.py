@@ -10,7 +10,7 @@ engine dead) is found by the health check the driver runs every step and wheneve
 `replace_actors` replaces it with a fresh one that walks the dead actor's shard past every prompt the
 ledger accounts for (`launch.ledger`), and the driver then rebuilds the weight-sync group (a failed
 group cannot be reused), pushes the current weights and only then lets the new actor generate (see
-`launch.driver.Driver._check_actors`).
+`launch.recovery`).
 
 A crashed actor's vLLM engine processes do not linger beside its replacement: Ray puts every worker in
 a process group of its own and kills the group when the worker dies (`RAY_process_group_cleanup_enabled`,
