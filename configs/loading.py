@@ -13,6 +13,7 @@ before anything starts.
 from __future__ import annotations
 
 import difflib
+import sys
 from importlib import resources
 from pathlib import Path
 from types import UnionType
@@ -21,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from configs.schema import RunConfig
+from configs.schema import LearnerConfig, RunConfig
 
 
 class ConfigError(ValueError):
@@ -177,11 +178,54 @@ def base_data(algo: str | None, config_file: str | None) -> dict[str, Any]:
 
 def resolve(algo: str | None = None, config_file: str | None = None, flags: dict[str, Any] | None = None,
             overrides: list[str] | None = None) -> RunConfig:
-    """Build the validated RunConfig. `flags` maps dotted keys to values from dedicated CLI flags."""
+    """Build the validated RunConfig. `flags` maps dotted keys to values from dedicated CLI flags.
+    Defaults adjusted to fit the run (`fit_warmup`) are printed once, to stderr."""
     data = base_data(algo, config_file)
     if algo is not None:
         data["algo"] = algo
-    return validate(apply_flags(data, flags, overrides))
+    given = _user_keys(config_file, flags, overrides)
+    apply_flags(data, flags, overrides)
+    for notice in fit_warmup(data, given):
+        print(f"algo-train: {notice}", file=sys.stderr)
+    return validate(data)
+
+
+def _user_keys(config_file: str | None, flags: dict[str, Any] | None, overrides: list[str] | None) -> set[str]:
+    """The dotted keys the user gave (in --config FILE, a dedicated flag or --set), not the algorithm's YAML."""
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            keys.add(prefix + str(key))
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+
+    keys: set[str] = set()
+    walk(read_yaml(config_file) if config_file else {}, "")
+    keys |= {k for k, v in (flags or {}).items() if v is not None}
+    keys |= {parse_override(text)[0] for text in overrides or []}
+    return keys
+
+
+def fit_warmup(data: dict[str, Any], given: set[str]) -> list[str]:
+    """Shorten a default LR warm-up longer than the run to the run's optimiser steps (in place) and say so.
+
+    The algorithms' YAMLs warm up over 10 optimiser steps, so a short run (`--steps 3`) would never reach
+    the peak lr; the warm-up then ends at the run's last optimiser step, as if it had been set so. A
+    warm-up the user set (`learner.warmup_steps` in --config or --set) is theirs, and one longer than the
+    run is refused by the schema's rule instead. Values of the wrong type are left to the schema."""
+    learner = data.get("learner")
+    if not isinstance(learner, dict) or "learner.warmup_steps" in given:
+        return []
+    defaults = LearnerConfig.model_fields
+    warmup, steps, minis, epochs = (learner.get(k, defaults[k].default)
+                                    for k in ("warmup_steps", "steps", "mini_batches", "epochs"))
+    if not all(type(v) is int and v >= 1 for v in (steps, minis, epochs)) or type(warmup) is not int:
+        return []
+    total = steps * minis * epochs
+    if warmup <= total:
+        return []
+    learner["warmup_steps"] = total
+    return [f"learner.warmup_steps: the default LR warm-up of {warmup} optimiser steps is longer than this run "
+            f"(learner.steps={steps} × mini_batches {minis} × epochs {epochs} = {total}); shortened to {total}"]
 
 
 def resolve_saved(path: str | Path) -> RunConfig:
