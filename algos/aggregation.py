@@ -52,9 +52,6 @@ class LossNorm:
         return LossNorm(self.num_tokens + other.num_tokens, self.num_seqs + other.num_seqs,
                         self.num_rows + other.num_rows, self.max_len)
 
-    def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([self.num_tokens, self.num_seqs, self.num_rows, self.max_len], dtype=torch.float64)
-
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm: LossNorm | None = None) -> torch.Tensor:
     """Scalar loss of `loss` [B, T] under `mask` [B, T]; `norm=None` means `LossNorm.local(mask)`."""
