@@ -7,6 +7,9 @@ the push of v + 1 starts, before an evaluation (which must see version v) and at
 push is in flight, so an actor is never more than one version behind the learner's pushes, and the
 buffer's staleness accounting (which counts from the learner's version) is unchanged.
 
+Dead actors and a dead buffer process are restarted where the run is (`launch.recovery`); the run's
+position (learner steps = the weight version, and the prompt ledger) is `launch.position`.
+
 Ctrl-C (or SIGTERM): actors stop starting prompts and drain what is in flight into the buffer, the
 buffer is snapshotted, a checkpoint is written, and every process is shut down — `--resume RUN_DIR`
 then continues with no prompt skipped or trained twice (the ledger proves it).
@@ -18,107 +21,76 @@ import json
 import os
 import signal
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import algos
-from buffer.client import BufferClient, BufferUnavailable
 from buffer.records import Key
 from configs.schema import RunConfig
-from launch.buffer_keeper import BufferKeeper, lost_prompts
+from launch.buffer_keeper import BufferKeeper
 from launch.data import RunData
+from launch.demo_batches import DemoBatches
 from launch.ledger import PromptLedger
-from launch.metrics import MetricsWriter, done_line, run_summary, wandb_init
+from launch.metrics import LoopClock, MetricsWriter, done_line, merge_rows, run_summary, step_row, wandb_init
+from launch.position import RunPosition
 from launch.processes import ProcessGraph
 from launch.progress import Progress
-from launch.roles import where
+from launch.recovery import Recovery
 from launch.samples import SampleLog
-from tasks.rewards import first_error, reward_metrics
+from tasks.rewards import first_error
 
 PULL_POLL_S = 5.0  # how often a driver waiting for a batch checks actor health
-HEALTH_EVERY_S = 5.0  # how often a training driver checks actor health (one parallel call to all of them)
-BUFFER_TIMEOUT_S = 20.0  # the driver's buffer calls: longer than any snapshot, short enough to notice a death
-
-
-class DemoBatches:
-    """Batches of demonstration groups (SFT): epochs over the demonstrations in a seeded order."""
-
-    def __init__(self, data: RunData, per_step: int, seed: int):
-        import random
-
-        from launch.model_prep import demo_group
-
-        self._make = demo_group
-        self.data, self.per_step, self.rng = data, per_step, random.Random(seed)
-        self.prompts = {it.prompt_index: it.prompt_ids for it in data.train}
-        self.keys = sorted(k for k in data.demos if k in self.prompts)
-        self.epoch, self.order = -1, []
-
-    def next(self) -> list:
-        batch = []
-        while len(batch) < self.per_step:
-            if not self.order:
-                self.epoch += 1
-                self.order = self.keys[:]
-                self.rng.shuffle(self.order)
-            i = self.order.pop()
-            g = self._make(self.prompts[i], self.data.demos[i], i)
-            g.meta["epoch"] = self.epoch
-            batch.append(g)
-        return batch
-
-
-def push_suspects(error: BaseException, actors: int) -> dict[int, str]:
-    """{actor: why} of the actors a failed weight push blames (`WeightSyncError.suspects`, keyed by
-    receiver name "actor-<i>"; read through Ray's wrapper too): those that died, stalled or never
-    acknowledged the version in time."""
-    for err in (error, getattr(error, "cause", None), error.__cause__):
-        suspects = getattr(err, "suspects", None)
-        if suspects:
-            names = {f"actor-{i}": i for i in range(actors)}
-            return {names[n]: f"failed the weight push: {why}" for n, why in suspects.items() if n in names}
-    return {}
 
 
 class Stop(Exception):
     """Raised inside the loop when the user asked the run to stop."""
 
 
+@dataclass
+class Outputs:
+    """Where each row goes: metrics.jsonl (with TensorBoard and W&B), the sample log and the console."""
+    metrics: MetricsWriter
+    samples: SampleLog
+    progress: Progress
+    log_every: int
+
+    def write(self, step: int, groups: list, row: dict) -> None:
+        self.metrics.write(step, row)
+        self.samples.write(step, groups)
+        self.progress.update(step, row, every=self.log_every)
+
+
 class Driver:
     def __init__(self, cfg: RunConfig, graph: ProcessGraph, data: RunData, run_dir: Path, buffer_address: str,
                  progress: Progress, secrets=None, keeper: BufferKeeper | None = None):
         """keeper: owns the buffer process at `buffer_address` and restarts it when it dies (None: the
-        buffer is someone else's, e.g. a test's, and a dead one ends the run)."""
+        buffer is someone else's, e.g. a test's, and a dead one ends the run). secrets: `.public()`."""
         self.cfg, self.graph, self.data, self.run_dir, self.progress = cfg, graph, data, run_dir, progress
-        self.client_address, self.secrets, self.keeper = buffer_address, secrets, keeper  # secrets: .public()
-        self.client = BufferClient(buffer_address, "driver", timeout_s=BUFFER_TIMEOUT_S, secrets=secrets)
-        self._add_demos()
-        self.ledger = PromptLedger()
-        spec = algos.get(cfg.algo)
-        self.demos = DemoBatches(data, cfg.learner.batch_prompts, cfg.seed) if spec.trains_on_demonstrations_only \
-            else None
-        self.step = 0  # learner steps taken: the one owner of the weight version (`version`)
+        self.keeper = keeper
+        self.position = RunPosition()
+        self.recovery = Recovery(graph, self.position, progress, run_dir, buffer_address, data=data,
+                                 secrets=secrets, keeper=keeper)
+        prompts = {it.prompt_index: it.prompt_ids for it in data.train}
+        self.demos = DemoBatches(data.demos, prompts, cfg.learner.batch_prompts, cfg.seed) \
+            if algos.get(cfg.algo).trains_on_demonstrations_only else None
         self.resumed_from: tuple[Path, ...] = ()  # the checkpoint this run resumed from (never rotated out)
         self._stop_requested = False
-        self._actor_reports: dict[int, dict] = {}  # each live actor's last stats (reward counters)
         self._reward_error_shown = False
-        self._push_stats: dict = {}  # stats of the last push settled, not reported yet
-        self._last_health = 0.0  # time.monotonic() of the last actor health check
 
     @property
     def version(self) -> int:
-        """The weight version the actors must serve: one push per learner step, so it is the step count
-        (the buffer, the actors and the checkpoints are told it; none of them keeps its own count)."""
-        return self.step
+        return self.position.version
 
-    def _held_prompts(self) -> list[Key]:
-        """(epoch, prompt) of every group the buffer holds now."""
-        return [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+    @property
+    def client(self):
+        """The driver's buffer client (a new one after a buffer restart: `launch.recovery`)."""
+        return self.recovery.client
 
-    def _add_demos(self) -> None:
-        if self.data.demos:
-            self.client.add_demos({int(k): v for k, v in self.data.demos.items()}, rewards=self.data.demo_rewards)
+    def write_processes(self) -> None:
+        self.recovery.write_processes()
 
-    # ------------------------------------------------------------------ resume
+    # ------------------------------------------------------------------ resume and checkpoints
     def restore(self, resume_dir: Path) -> list[Key]:
         """Load the latest checkpoint of `resume_dir` into learner and buffer; returns the prompts the
         actors must skip (trained already, or held by the restored buffer)."""
@@ -130,32 +102,32 @@ class Driver:
                                     "(complete = a step_<N> directory holding the COMMITTED marker)")
         self.resumed_from = (ckpt,)
         extra = self.graph.load(ckpt)
-        self.step = int(extra["step"])
-        self.ledger = PromptLedger.from_state_dict(extra["ledger"])
+        self.position.step = int(extra["step"])
+        self.position.ledger = ledger = PromptLedger.from_state_dict(extra["ledger"])
         began = time.time()
         self.client.restore(str(ckpt / extra["buffer_snapshot"]))
         if self.keeper is not None:  # the buffer's state as of now, until the first timer snapshot
             self.keeper.taken(ckpt / extra["buffer_snapshot"], began)
         self.client.set_version(self.version)
-        held = self._held_prompts()
-        self.progress.message(f"[resume] {ckpt}: step {self.step}, version {self.version}, "
-                              f"{len(self.ledger.trained)} prompts trained, {len(held)} held by the buffer")
-        return self.ledger.accepted(held)
+        held = self.recovery.held_prompts()
+        self.progress.message(f"[resume] {ckpt}: step {self.position.step}, version {self.version}, "
+                              f"{len(ledger.trained)} prompts trained, {len(held)} held by the buffer")
+        return ledger.accepted(held)
 
-    # ------------------------------------------------------------------ checkpoints
     def checkpoint(self, export: bool = False) -> Path:
         """checkpoints/step_<step>: staged in .step_<step>.tmp, where the learner ranks write their part
         and the buffer service its snapshot, then committed (its COMMITTED marker written last) and older
         checkpoints rotated out (`learner.keep_checkpoints`; never the one this run resumed from). With
-        `export`, the policy is then written as an HF model to hf/step_<step> (`learner.checkpoint`)."""
+        `export`, the policy is then written as an HF model to hf/step_<step> (`learner.checkpoint`).
+        The driver's part (extra_state.json) is the run's position: the learner steps taken, which are
+        also the weight version, and the ledger; the algorithm is the learner's (learner_state.json)."""
         from learner import checkpoint as ckpts
 
-        root = self.run_dir / "checkpoints"
-        final = root / f"step_{self.step}"
+        root, step = self.run_dir / "checkpoints", self.position.step
+        final = root / f"step_{step}"
         staged = ckpts.stage(final)
-        extra = {"step": self.step, "version": self.version, "ledger": self.ledger.state_dict(),
-                 "buffer_snapshot": "buffer.msgpack", "algo": self.cfg.algo}
-        self.graph.save(staged, extra)
+        self.graph.save(staged, {"step": step, "ledger": self.position.ledger.state_dict(),
+                                 "buffer_snapshot": "buffer.msgpack"})
         began = time.time()
         self.client.snapshot(str((staged / "buffer.msgpack").resolve()))
         ckpt = ckpts.commit(staged, final)
@@ -163,18 +135,12 @@ class Driver:
             self.keeper.taken(ckpt / "buffer.msgpack", began)
         ckpts.rotate(root, self.cfg.learner.keep_checkpoints, protect=self.resumed_from)
         if export:
-            ckpts.export_hf(ckpt, self.run_dir / "hf" / f"step_{self.step}")
+            ckpts.export_hf(ckpt, self.run_dir / "hf" / f"step_{step}")
         return ckpt
 
-    # ------------------------------------------------------------------ the loop
-    def _on_signal(self, signum, frame) -> None:
-        if self._stop_requested:  # a second Ctrl-C: give up on the graceful path
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        self.progress.message("[stop] finishing the current step, draining actors and writing a checkpoint "
-                              "(Ctrl-C again to abort)")
-
+    # ------------------------------------------------------------------ the steps of the loop
     def _pull(self) -> tuple[list, float]:
+        """The next batch (the buffer's, or the demonstrations' for SFT) and the seconds waited for it."""
         if self.demos is not None:
             return self.demos.next(), 0.0
         t0 = time.monotonic()
@@ -183,236 +149,162 @@ class Driver:
             if self._stop_requested:
                 raise Stop
             try:
-                groups = self._to_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S))
+                groups = self.recovery.call_on_live_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S))
             except TimeoutError:
-                self._check_actors()
+                self.recovery.check_actors()
                 continue
-            self.ledger.discard(self.client.last_pull["discarded"])  # settled by the buffer, not trained
+            self.position.ledger.discard(self.client.last_pull["discarded"])  # settled by the buffer, not trained
             return groups, time.monotonic() - t0
 
-    def _check_actors(self) -> dict[int, str]:
-        """Health check of the actors: restart the dead ones (`_restart`); returns {actor: why} of those."""
-        if not self.graph.actors:
-            return {}
-        stats, dead = self.graph.actor_stats()
-        self._last_health = time.monotonic()
-        self._actor_reports.update(stats)
-        if dead:
-            self._restart(dead)
-        return dead
-
-    def _restart(self, dead: dict[int, str]) -> None:
-        """Replace dead actors: release their credit, start successors that walk the dead actor's shard
-        from the top skipping every prompt the ledger and the buffer account for (trained, discarded or
-        held: `launch.ledger`), so what it had in flight or undelivered is generated again; rebuild the
-        weight-sync group, push the current weights to every actor, and only then let the successors
-        generate."""
+    def _train(self, groups: list) -> tuple[dict, float]:
+        """One learner step on `groups`, recorded in the ledger: (the learner's metrics, seconds waited)."""
+        self.position.ledger.record(self.position.step, [g.key for g in groups])
         t0 = time.monotonic()
-        old_pids = {i: self.graph.pids[i] for i in dead}
-        self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
-        for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
-            with BufferClient(self.client_address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
-                ghost.release_credit(2**20)
-        held = self._held_prompts()
-        skip = self.ledger.accepted(held)
-        for i in dead:
-            self._actor_reports.pop(i, None)
-        self.graph.replace_actors(list(dead), skip, self.version)
-        self.graph.connect_weight_sync()
-        self.graph.push_weights(self.version)
-        self.graph.start_rollouts(list(dead))
-        for i, why in dead.items():
-            self.progress.message(f"[actor] actor {i} (pid {old_pids[i]}) died ({why}); restarted as pid "
-                                  f"{self.graph.pids[i]} and re-synced to version {self.version} in "
-                                  f"{time.monotonic() - t0:.0f}s; its shard resumes past the {len(skip)} prompts "
-                                  "trained, discarded or buffered")
-        self.write_processes()
-
-    def _to_buffer(self, call):
-        """`call(client)` on a live buffer: a dead one is restarted first (a request to a dead buffer waits
-        out the client's send timeout, BUFFER_TIMEOUT_S, before failing), and when it dies under the call,
-        the call runs once more after the restart."""
-        self._check_buffer()
-        try:
-            return call(self.client)
-        except BufferUnavailable:
-            if not self._check_buffer():
-                raise
-            return call(self.client)
-
-    def _check_buffer(self) -> bool:
-        """Restart the buffer process if it died (`launch.buffer_keeper`); True when it did."""
-        why = self.keeper.death() if self.keeper is not None else None
-        if why is None:
-            return False
-        t0, pid = time.monotonic(), self.keeper.pid
-        self.progress.message(f"[buffer] the buffer process (pid {pid}) died ({why}); restarting it")
-        info = self.keeper.restart(self.ledger.trained)
-        self.client.close()
-        self.client = BufferClient(self.client_address, "driver", timeout_s=BUFFER_TIMEOUT_S, secrets=self.secrets)
-        if info["snapshot"] is None:
-            self._add_demos()
-        self.client.set_version(self.version)
-        # what the actors delivered since the snapshot, read before what the new buffer holds
-        delivered = self.graph.delivered_since(info["since"]) if self.graph.actors else {}
-        held = self._held_prompts()
-        settled = self.ledger.accepted()  # trained or discarded
-        lost = {i: lost_prompts(keys, settled, held) for i, keys in delivered.items()}
-        self.graph.requeue(lost)
-        r = info["restored"]
-        source = (f"{r.get('groups', 0)} groups restored from {info['snapshot']} ({r.get('excluded', 0)} trained "
-                  "since then left out)" if info["snapshot"] else "no snapshot yet: it started empty")
-        self.progress.message(f"[buffer] restarted as pid {self.keeper.pid} in {time.monotonic() - t0:.0f}s: "
-                              f"{source}; {sum(map(len, lost.values()))} prompts it had lost re-queued")
-        self.write_processes()
-        return True
-
-    def write_processes(self) -> None:
-        """run_dir/processes.json: role -> {pid, host} of the run's processes, rewritten after a restart."""
-        roles = {"driver": where()}
-        if self.keeper is not None:
-            roles["buffer"] = {**where(), "pid": self.keeper.pid}
-        roles |= self.graph.where()
-        tmp = self.run_dir / ".processes.json.tmp"
-        tmp.write_text(json.dumps(roles, indent=1))
-        os.replace(tmp, self.run_dir / "processes.json")
-
-    def _settle_push(self) -> dict | None:
-        """Wait for the weight push in flight (it travels while the learner pulls and trains the next
-        batch) and return its stats ({} when none was in flight). A push that failed because an actor
-        died restarts it, which re-syncs every actor to the current version: then None."""
-        if not self.graph.actors:
-            return {}
-        try:
-            stats = self.graph.finish_push()
-            self._push_stats = stats or self._push_stats  # reported with the next metrics row
-            return stats
-        except Exception as e:
-            stats, dead = self.graph.actor_stats()
-            dead = push_suspects(e, len(self.graph.actors)) | dead  # alive but stuck in the push = dead too
-            if not dead:
-                raise
-            self._actor_reports.update(stats)
-            self.progress.message(f"[actor] a weight push failed ({str(e).strip().splitlines()[-1][:200]})")
-            self._restart(dead)
-            return None
+        metrics = self.graph.step(groups, self.version)
+        self.position.step += 1
+        return metrics, time.monotonic() - t0
 
     def _sync_weights(self) -> dict:
         """Settle the previous push, then start pushing the current version (unless a restart just did);
         returns the stats of the last push settled since the previous call (an evaluation settles too)."""
-        if self._settle_push() is not None and self.graph.actors:
+        if self.recovery.settle_push() is not None and self.graph.actors:
             self.graph.start_push(self.version)
-        stats, self._push_stats = self._push_stats, {}
+        stats, self.recovery.unreported_push = self.recovery.unreported_push, {}
         return stats
 
+    def _publish(self) -> tuple[dict, float, dict]:
+        """Publish the new version: to the actors (`_sync_weights`) and to the buffer (its staleness
+        clock). Returns (the settled push's stats, seconds of weight sync, the buffer's stats)."""
+        t0 = time.monotonic()
+        sync = self._sync_weights()  # the previous version's push, which overlapped this step
+        sync_s = time.monotonic() - t0
+        buffer = self.recovery.call_on_live_buffer(lambda c: c.set_version(self.version))  # with its stats
+        return sync, sync_s, buffer
+
+    def _driver_row(self, groups: list, times, sync: dict, buffer: dict) -> dict:
+        return step_row(groups, times, sync, buffer, version=self.version, actor_restarts=self.graph.restarts,
+                        buffer_restarts=self.keeper.restarts if self.keeper is not None else 0,
+                        actor_reports=self.recovery.reports.values())  # as of the last health check
+
+    def _cadence(self) -> dict:
+        """What falls due after this step: an evaluation (its keys are returned), then a checkpoint (with
+        an HF export when due), or else the buffer's timer snapshot."""
+        lc, step = self.cfg.learner, self.position.step
+        row = self.evaluate() if lc.eval_every and step % lc.eval_every == 0 else {}
+        export = bool(lc.hf_every) and step % lc.hf_every == 0
+        if export or (lc.save_every and step % lc.save_every == 0):
+            self.checkpoint(export=export)
+        elif self.keeper is not None:
+            self.recovery.call_on_live_buffer(self.keeper.maybe_snapshot)
+        return row
+
+    def _show_reward_error(self) -> None:
+        """The first failed reward call any actor reported, once per run."""
+        if not self._reward_error_shown and (err := first_error(self.recovery.reports.values())):
+            self._reward_error_shown = True
+            self.progress.message(f"[reward] a reward call failed and scored 0 (counted in reward/errors; "
+                                  f"shown once): {err}")
+
     def evaluate(self) -> dict:
+        """Held-out accuracy of the current version (the push in flight is settled first)."""
         if not self.data.eval or not self.graph.actors:
             return {}
-        self._settle_push()  # evaluate the current version
+        self.recovery.settle_push()
         t0 = time.monotonic()
         try:
             result = self.graph.evaluate(self.data.eval)
         except Exception:
-            if not self._check_actors():  # not a dead actor's fault
+            if not self.recovery.check_actors():  # not a dead actor's fault
                 raise
             result = self.graph.evaluate(self.data.eval)
         return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], "time/eval_s": time.monotonic() - t0}
 
+    # ------------------------------------------------------------------ the loop
     def run(self) -> int:
-        cfg, lc = self.cfg, self.cfg.learner
-        writer = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard, from_step=self.step,
-                               wandb=wandb_init(cfg, self.run_dir))
-        sample_log = SampleLog(self.run_dir, cfg.logging.samples_every, cfg.logging.samples_per_step,
-                               self.graph.model_dir, text_sink=writer.write_text, from_step=self.step)
-        old_int = signal.signal(signal.SIGINT, self._on_signal)
-        old_term = signal.signal(signal.SIGTERM, self._on_signal)
-        status = 0
+        """Train to `learner.steps` (or a Ctrl-C: status 130), then drain, evaluate, checkpoint, summarise."""
+        outputs, status = self._open_outputs(), 0
+        with self._stop_on_signals():
+            try:
+                self._evaluate_before_training(outputs.metrics)
+                self.graph.start_rollouts()
+                clock = LoopClock()
+                while self.position.step < self.cfg.learner.steps:
+                    groups, wait_s = self._pull()
+                    learned, train_s = self._train(groups)
+                    sync, sync_s, buffer = self._publish()
+                    driven = self._driver_row(groups, clock.lap(wait_s=wait_s, train_s=train_s, sync_s=sync_s),
+                                              sync, buffer)
+                    self._show_reward_error()
+                    row = merge_rows(learner=learned, driver=driven, evaluation=self._cadence())
+                    outputs.write(self.position.step, groups, row)
+                    self.recovery.check_actors_if_due()
+            except Stop:
+                status = 130
+        return self._finish(outputs, status)
+
+    def _open_outputs(self) -> Outputs:
+        cfg, step = self.cfg, self.position.step
+        metrics = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard, from_step=step,
+                                wandb=wandb_init(cfg, self.run_dir))
+        samples = SampleLog(self.run_dir, cfg.logging.samples_every, cfg.logging.samples_per_step,
+                            self.graph.model_dir, text_sink=metrics.write_text, from_step=step)
+        return Outputs(metrics, samples, self.progress, cfg.logging.log_every)
+
+    @contextmanager
+    def _stop_on_signals(self):
+        """Ctrl-C and SIGTERM ask the loop to stop after the current step; a second Ctrl-C aborts."""
+        def on_signal(signum, frame):
+            if self._stop_requested:  # a second Ctrl-C: give up on the graceful path
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            self.progress.message("[stop] finishing the current step, draining actors and writing a checkpoint "
+                                  "(Ctrl-C again to abort)")
+
+        old_int, old_term = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
         try:
-            if lc.eval_every and self.step == 0:
-                before = self.evaluate()
-                if before:
-                    writer.write(0, before)
-                    self.progress.message(f"[eval] held-out accuracy before RL: {before['eval/accuracy']:.3f}")
-            self.graph.start_rollouts()
-            t_loop = t_last = time.monotonic()
-            while self.step < lc.steps:
-                groups, wait_s = self._pull()
-                keys = [g.key for g in groups]
-                self.ledger.record(self.step, keys)
-                t0 = time.monotonic()
-                metrics = self.graph.step(groups, self.version)
-                train_s = time.monotonic() - t0
-                self.step += 1
-                t0 = time.monotonic()
-                sync = self._sync_weights()  # sync: the previous version's push, which overlapped this step
-                sync_s = time.monotonic() - t0
-                buf = self._to_buffer(lambda c: c.set_version(self.version))  # with the buffer's stats
-                now = time.monotonic()
-                samples = sum(g.n for g in groups)
-                generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
-                tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
-                metrics |= {
-                    "version": self.version,
-                    "accuracy/train": sum(r >= 1.0 for r in generated) / len(generated) if generated else None,
-                    "throughput/samples_per_s": samples / (now - t_last),
-                    "throughput/tokens_per_s": tokens / (now - t_last),
-                    "time/generate_wait_s": wait_s, "time/train_s": train_s, "time/weight_sync_s": sync_s,
-                    "time/wall_s": now - t_loop,
-                    "weight_sync/gbps": sync.get("gbps"), "weight_sync/refused": sync.get("refused", 0),
-                    "weight_sync/push_s": sync.get("seconds"), "weight_sync/bytes": sync.get("bytes"),
-                    "weight_sync/changed_frac": sync.get("changed_frac"),
-                    "buffer/dropped_stale": buf.get("dropped_stale", 0),
-                    "buffer/auth_refused": buf.get("auth", {}).get("refused", 0),
-                    "buffer/occupancy_groups": buf.get("occupancy_groups", 0),
-                    "buffer/filtered": sum(buf.get("filtered", {}).values()),
-                    "actors/restarts": self.graph.restarts,
-                    "buffer/restarts": self.keeper.restarts if self.keeper is not None else 0,
-                    **reward_metrics(self._actor_reports.values()),  # as of the last health check
-                }
-                t_last = now
-                if not self._reward_error_shown and (err := first_error(self._actor_reports.values())):
-                    self._reward_error_shown = True
-                    self.progress.message(f"[reward] a reward call failed and scored 0 (counted in reward/errors; "
-                                          f"shown once): {err}")
-                if lc.eval_every and self.step % lc.eval_every == 0:
-                    metrics |= self.evaluate()
-                export = bool(lc.hf_every) and self.step % lc.hf_every == 0
-                if export or (lc.save_every and self.step % lc.save_every == 0):
-                    self.checkpoint(export=export)
-                elif self.keeper is not None:
-                    self._to_buffer(self.keeper.maybe_snapshot)
-                writer.write(self.step, metrics)
-                sample_log.write(self.step, groups)
-                self.progress.update(self.step, metrics, every=cfg.logging.log_every)
-                if time.monotonic() - self._last_health >= HEALTH_EVERY_S:
-                    self._check_actors()
-        except Stop:
-            status = 130
+            yield
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
+
+    def _evaluate_before_training(self, metrics: MetricsWriter) -> None:
+        if self.cfg.learner.eval_every and self.position.step == 0 and (before := self.evaluate()):
+            metrics.write(0, before)
+            self.progress.message(f"[eval] held-out accuracy before RL: {before['eval/accuracy']:.3f}")
+
+    def _finish(self, outputs: Outputs, status: int) -> int:
+        """After the loop: drain the actors, the final evaluation (unless the last step had one), the final
+        checkpoint with its HF export, summary.json and the console's last line; returns the exit status."""
+        lc, step = self.cfg.learner, self.position.step
         try:
             self.progress.close()
-            if self.graph.actors:
-                try:
-                    self._settle_push()
-                except Exception as e:  # the checkpoint below matters more than the last push
-                    status = status or 1
-                    self.progress.message(f"[actor] the last weight push failed: {str(e).strip()[:300]}")
-                self.graph.stop_actors(drain=True, timeout_s=120)
-            final = self.evaluate() if lc.eval_every and status == 0 and self.step % lc.eval_every else {}
+            status = self._drain(status)
+            final = self.evaluate() if lc.eval_every and status == 0 and step % lc.eval_every else {}
             if final:
-                writer.write(self.step, final)
+                outputs.metrics.write(step, final)
             ckpt = self.checkpoint(export=True)
             summary = run_summary(
-                algo=cfg.algo, step=self.step, steps=lc.steps, stopped_early=status != 0,
+                algo=self.cfg.algo, step=step, steps=lc.steps, stopped_early=status != 0,
                 elapsed_s=self.progress.elapsed(), training_s=self.progress.training_s(), checkpoint=str(ckpt),
-                model=str(hf) if (hf := self.run_dir / "hf" / f"step_{self.step}").is_dir() else None,
-                evals=writer.eval_summary(),
+                model=str(hf) if (hf := self.run_dir / "hf" / f"step_{step}").is_dir() else None,
+                evals=outputs.metrics.eval_summary(),
                 internals={"version": self.version, "driver_pid": os.getpid(), "buffer": self.client.stats()})
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
             self.progress.message(done_line(summary))
         finally:
-            writer.close()
+            outputs.metrics.close()
             self.client.close()
+        return status
+
+    def _drain(self, status: int) -> int:
+        """Settle the last push and stop the actors, letting them deliver what they have in flight; a
+        failed last push makes the status 1 (the checkpoint that follows matters more)."""
+        if not self.graph.actors:
+            return status
+        try:
+            self.recovery.settle_push()
+        except Exception as e:
+            status = status or 1
+            self.progress.message(f"[actor] the last weight push failed: {str(e).strip()[:300]}")
+        self.graph.stop_actors(drain=True, timeout_s=120)
         return status

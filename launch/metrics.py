@@ -1,4 +1,11 @@
-"""Run outputs for metrics: `metrics.jsonl` (one JSON object per learner step) and TensorBoard events.
+"""Metrics: the driver's part of a step's row (`step_row`), the one-writer-per-key merge of a row's
+parts (`merge_rows`), and the run's outputs, `metrics.jsonl` (one JSON object per learner step) and
+TensorBoard events.
+
+A row is merged from parts each written by one component: the learner's step metrics (`Learner.step`),
+the driver's (`step_row`) and, on evaluation steps, the evaluation's. Each key has exactly one writer:
+`merge_rows` refuses a key that two parts write, so a component can never silently overwrite what
+another one measured.
 
 Values are converted to plain floats; non-finite values are written as null in JSON (and skipped in
 TensorBoard) so a reader never chokes on NaN. Keys are defined in docs/metrics.md.
@@ -14,8 +21,79 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tasks.rewards import reward_metrics
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds of one learner step of the driver's loop (docs/metrics.md, `time/*`)."""
+    wait_s: float  # waiting for the buffer to hold a full batch
+    train_s: float  # the learner step as the driver waited for it (shipping the batch to the ranks included)
+    sync_s: float  # weight sync: the rest of the previous push, then gathering this version's weights
+    since_last_s: float  # since the previous row was read (the interval of `throughput/*`)
+    wall_s: float  # since the training loop started
+
+
+class LoopClock:
+    """The training loop's clock: `lap` reads the time once per row."""
+
+    def __init__(self):
+        self.start = self.last = time.monotonic()
+
+    def lap(self, *, wait_s: float, train_s: float, sync_s: float) -> StepTimes:
+        now = time.monotonic()
+        times = StepTimes(wait_s, train_s, sync_s, since_last_s=now - self.last, wall_s=now - self.start)
+        self.last = now
+        return times
+
+
+def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, version: int, actor_restarts: int,
+             buffer_restarts: int, actor_reports: Iterable[dict]) -> dict[str, Any]:
+    """The driver's keys of a step's row: the version after the step, train accuracy and throughput of
+    the batch `groups`, the loop's times, the push settled since the last row (`sync`: weight-sync stats,
+    {} when none), the buffer's counters (`buffer`: its stats), restarts and the actors' reward errors
+    (`actor_reports`: their last stats)."""
+    samples = sum(g.n for g in groups)
+    generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
+    tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
+    return {
+        "version": version,
+        "accuracy/train": sum(r >= 1.0 for r in generated) / len(generated) if generated else None,
+        "throughput/samples_per_s": samples / times.since_last_s,
+        "throughput/tokens_per_s": tokens / times.since_last_s,
+        "time/generate_wait_s": times.wait_s, "time/train_s": times.train_s, "time/weight_sync_s": times.sync_s,
+        "time/wall_s": times.wall_s,
+        "weight_sync/gbps": sync.get("gbps"), "weight_sync/refused": sync.get("refused", 0),
+        "weight_sync/push_s": sync.get("seconds"), "weight_sync/bytes": sync.get("bytes"),
+        "weight_sync/changed_frac": sync.get("changed_frac"),
+        "buffer/dropped_stale": buffer.get("dropped_stale", 0),
+        "buffer/auth_refused": buffer.get("auth", {}).get("refused", 0),
+        "buffer/occupancy_groups": buffer.get("occupancy_groups", 0),
+        "buffer/filtered": sum(buffer.get("filtered", {}).values()),
+        "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
+        **reward_metrics(actor_reports),
+    }
+
+
+def merge_rows(**parts: dict[str, Any]) -> dict[str, Any]:
+    """One row from the parts of its writers (`learner=..., driver=...`, in that order); a key written by
+    two of them is an error that names both (each key has one writer: docs/metrics.md)."""
+    row: dict[str, Any] = {}
+    writer: dict[str, str] = {}
+    for name, part in parts.items():
+        for key in part:
+            if key in writer:
+                raise ValueError(f"metric {key!r} is written by both {writer[key]} and {name}: each key has one "
+                                 "writer (rename one, docs/metrics.md)")
+            writer[key] = name
+        row |= part
+    return row
 
 
 def _plain(value: Any) -> Any:

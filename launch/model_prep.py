@@ -11,28 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from buffer.records import DEMO_VERSION, Group, Sample
 from configs.schema import DataConfig, RunConfig
+from launch.demo_batches import DemoBatches
 
 
 def _key(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def demo_group(prompt_ids, demo_ids: np.ndarray, index: int) -> Group:
-    """A one-row group whose response is a demonstration (SFT trains on it; no behaviour policy)."""
-    t = len(demo_ids)
-    sample = Sample(tokens=np.asarray(demo_ids, dtype=np.int32), logprobs=np.zeros(t, np.float32),
-                    versions=np.full(t, DEMO_VERSION, np.int32), prefix_mask=np.ones(t, bool), reward=1.0,
-                    finish_reason="demo")
-    return Group(group_id=f"demo-{index}", prompt_index=index, prompt_tokens=np.asarray(prompt_ids, np.int32),
-                 samples=[sample])
 
 
 def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], prompts: dict[int, tuple[int, ...]],
@@ -45,17 +34,9 @@ def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], promp
     from learner.learner import Learner
 
     learner = Learner(cfg, rank=0, world_size=1, model_dir=model_dir)
-    rng = random.Random(cfg.seed)
-    keys = sorted(demos)
-    per_step = cfg.learner.batch_prompts
-    order: list[int] = []
+    batches = DemoBatches(demos, prompts, cfg.learner.batch_prompts, cfg.seed)
     for step in range(steps):
-        if len(order) < per_step:
-            more = keys[:]
-            rng.shuffle(more)
-            order += more
-        batch, order = order[:per_step], order[per_step:]
-        metrics = learner.step([demo_group(prompts[i], demos[i], i) for i in batch], version=step)
+        metrics = learner.step(batches.next(), version=step)
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             log(f"[sft] step {step + 1}/{steps} nll {metrics.get('sft/nll', metrics.get('loss/total')):.4f}")
     ckpt = out_dir.with_name(out_dir.name + ".checkpoint")

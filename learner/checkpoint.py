@@ -8,8 +8,10 @@ Layout of `checkpoints/step_<N>/`:
   rng/rank_<r>.{safetensors,json}                        each rank's torch/CUDA/numpy/python RNG states
   hf_config/                                             config.json (dtype = the serving dtype),
                                                          generation_config.json, tokenizer files (for `export_hf`)
-  extra_state.json                                       the caller's JSON (driver: ledger, step, snapshot name)
-  learner_state.json                                     counters, versions, world size, algorithm (learner, last)
+  extra_state.json                                       the caller's JSON (driver: learner steps taken = the
+                                                         weight version, ledger, snapshot name)
+  learner_state.json                                     algorithm, optimiser steps, skipped steps, world size,
+                                                         providers (learner, written last)
   buffer.msgpack                                         the buffer snapshot (driver)
   COMMITTED                                              written last, by `commit`: the checkpoint is complete
 An export (`export_hf`, the driver writes `<run>/hf/step_<N>/`): config, tokenizer and the policy's
@@ -61,6 +63,15 @@ from learner.fsdp import ensure_sharded, hf_name
 
 STATE_FILE = "learner_state.json"
 EXPORT_SHARD_BYTES = 2 << 30  # an export's weights files hold at most this many bytes each (serving dtype)
+
+
+def optimizer_steps(state: dict) -> int:
+    """The optimiser steps of a learner_state.json; checkpoints before format 3 called them "step"."""
+    if "optimizer_steps" in state:
+        return int(state["optimizer_steps"])
+    if "step" in state:
+        return int(state["step"])
+    raise ValueError(f"{STATE_FILE} holds no optimizer_steps (nor the older 'step'): keys {sorted(state)}")
 
 
 def _barrier() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import algos
-from algos.registry import PROX
+from algos.spec import PROX
 from buffer.records import Group
 from learner import batching, checkpoint
 from learner.distributed import all_reduce_extremes, default_device, gather_rows, init_distributed
@@ -92,9 +92,8 @@ class Learner:
         updates = lc.mini_batches * lc.epochs
         self.prox_before_update = updates > 1 or PROX in needs
         self.total_optimizer_steps = (lc.lr_horizon_steps or lc.steps) * updates  # the LR schedule's horizon
-        self.step_count = 0  # optimiser steps taken (skipped ones included): the LR schedule's clock
+        self.optimizer_steps = 0  # optimiser steps taken (skipped ones included): the LR schedule's clock
         self.skipped_steps = 0
-        self.version = 0  # weight version after the last step (version passed to step() + 1)
 
     # ------------------------------------------------------------------ models
     def build_model(self, *, trainable: bool, truncate: bool = False):
@@ -125,20 +124,22 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
     def step(self, groups: list[Group], version: int) -> dict[str, float]:
-        """One learner step on the global batch `groups` (identical on every rank); returns metrics.
+        """One learner step on the global batch `groups` (identical on every rank); returns its metrics.
 
         The batch is cut into `learner.mini_batches` mini-batches of whole groups and each is trained
         `learner.epochs` times: mini_batches × epochs optimiser steps, all against the π_prox and
-        advantages computed once, before the first of them. version: the learner's weight version at
-        this step (the weights that compute π_prox); staleness is measured against it and the weights
-        become version + 1 (`self.version`): a version is a learner step (one weight push), however
-        many optimiser steps it takes. Metrics of the optimiser steps are averaged over them; "optim/steps"
-        counts optimiser steps taken so far (the LR schedule's clock).
+        advantages computed once, before the first of them. version: the version of the weights this
+        step starts from (they compute π_prox; staleness is measured against it). The learner keeps no
+        version: the driver owns it (`launch.position`), and the weights this step leaves are its
+        version + 1 (a version is a learner step, one weight push, however many optimiser steps it
+        takes). Metrics of the optimiser steps are averaged over them; "optim/steps" counts optimiser
+        steps taken so far (the LR schedule's clock). The keys are the learner's only (docs/metrics.md):
+        the driver adds its own, and a key both wrote would be refused (`launch.metrics.merge_rows`).
         """
         t0 = time.perf_counter()
         cfg, spec = self.cfg, self.spec
         rows = batching.rows_from_groups(groups, self.vocab_size)
-        batch = batching.global_step_batch(rows, self.device, self.step_count)
+        batch = batching.global_step_batch(rows, self.device, self.optimizer_steps)
         metrics: dict[str, float] = {}
         if not self.prox_before_update:
             batch.old_logprobs = None  # filled per micro-batch from the training forward (train_step)
@@ -157,17 +158,16 @@ class Learner:
             values = [u[k] for u in updates if k in u]
             metrics[k] = sum(values) / len(values)
         metrics["time/update_s"] = time.perf_counter() - t_train
-        self.version = int(version) + 1
         elapsed = time.perf_counter() - t0
         tokens = sum(r.num_tokens for r in rows)
         metrics |= batching.staleness_metrics(rows, int(version))
         metrics |= {
-            "optim/steps": float(self.step_count), "version": float(version),
+            "optim/steps": float(self.optimizer_steps),
             "optim/updates_per_step": float(len(updates)), "optim/skipped_steps": float(self.skipped_steps),
             "reward/mean": float(batch.rewards.mean()), "batch/groups": float(len(groups)),
             "batch/rows": float(len(rows)), "batch/tokens": float(tokens),
-            "time/train_s": elapsed, "throughput/tokens_per_s": tokens / elapsed,
-            "throughput/samples_per_s": len(rows) / elapsed,
+            "time/learner_compute_s": elapsed, "throughput/learner_tokens_per_s": tokens / elapsed,
+            "throughput/learner_samples_per_s": len(rows) / elapsed,
         }
         return metrics
 
@@ -177,7 +177,7 @@ class Learner:
         cfg, spec = self.cfg, self.spec
         shards, mbs = self._layout(rows, indices)
         norm = global_norm(batch, mbs, cfg)
-        lr = lr_at(self.step_count, peak=cfg.learner.lr, warmup=cfg.learner.warmup_steps,
+        lr = lr_at(self.optimizer_steps, peak=cfg.learner.lr, warmup=cfg.learner.warmup_steps,
                    total=self.total_optimizer_steps, schedule=cfg.learner.lr_schedule)
         set_lr(self.opt, lr)
         metrics = train_microbatches(self.policy, spec, cfg, batch, adv, mbs, norm, self.world_size,
@@ -185,9 +185,9 @@ class Learner:
         gnorm, stepped = optimizer_step(self.opt, self.params,
                                         max_norm=cfg.learner.grad_clip if spec.clip_grad else None,
                                         skip_nonfinite=spec.skip_nonfinite_grad,
-                                        what=f"{spec.name} optimiser step {self.step_count}")
+                                        what=f"{spec.name} optimiser step {self.optimizer_steps}")
         self.skipped_steps += int(not stepped)
-        self.step_count += 1
+        self.optimizer_steps += 1
         return metrics | {"optim/grad_norm": gnorm, "optim/lr": lr, "optim/stepped": float(stepped),
                           "batch/response_tokens": norm.num_tokens, "batch/microbatches_per_rank": float(len(mbs))}
 
@@ -218,7 +218,7 @@ class Learner:
         ctx = ProviderContext(rows=rows, local=local, microbatches=mbs, width=width,
                               old_logprobs=torch.zeros(len(local), width, device=self.device),
                               response_mask=batch.response_mask[lidx], rewards=batch.rewards[lidx],
-                              num_rows=len(rows), step=self.step_count)
+                              num_rows=len(rows), step=self.optimizer_steps)
         if self.prox_before_update:
             t = time.perf_counter()
             ctx.old_logprobs = run_scorer(self.policy, ctx) * ctx.response_mask
@@ -265,7 +265,7 @@ class Learner:
             checkpoint.save_hf_config(path, self.policy.lm, self.compute_dtype, self.tokenizer)
             checkpoint.write_json(path / "extra_state.json", extra_state or {}, "extra_state")
         checkpoint.finish_learner_part(path, self.rank, {
-            "format": 2, "algo": self.spec.name, "step": self.step_count, "version": self.version,
+            "format": 3, "algo": self.spec.name, "optimizer_steps": self.optimizer_steps,
             "skipped_steps": self.skipped_steps, "world_size": self.world_size, "providers": sorted(self.providers)})
         return path
 
@@ -287,6 +287,6 @@ class Learner:
         checkpoint.load_rng(path, self.rank)
         for provider in self.providers.values():
             provider.load(path)
-        self.step_count, self.version = int(state["step"]), int(state["version"])
+        self.optimizer_steps = checkpoint.optimizer_steps(state)
         self.skipped_steps = int(state["skipped_steps"])
         return json.loads((path / "extra_state.json").read_text())

@@ -97,9 +97,9 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
                     SimpleNamespace(message=said.append))
     try:
         assert driver.client.stats()["credits_outstanding"] == 1  # ... and held one unit it never used
-        driver.ledger.record(0, [(0, 1), (0, 3)])
-        driver.step = 1  # = version 1
-        assert driver._check_actors() == {}  # all alive: their reports are kept
+        driver.position.ledger.record(0, [(0, 1), (0, 3)])
+        driver.position.step = 1  # = version 1
+        assert driver.recovery.check_actors() == {}  # all alive: their reports are kept
         graph.dead, graph.fail_next_push = {1: "process gone: ActorDiedError"}, True
 
         assert driver._sync_weights() == {}  # the push in flight failed: the restart re-synced version 1
@@ -137,22 +137,22 @@ def test_a_successor_skips_prompts_the_buffer_discarded_as_well_as_trained_ones(
                     SimpleNamespace(message=lambda m: None))
     try:
         driver.client.set_version(2)
-        driver.step = 2
+        driver.position.step = 2
         with BufferClient(buffer, "actor-0") as actor:
             assert actor.push_group(make_group("old", prompt_index=9, version=0, meta={"epoch": 1})).reason == "stale"
             for i in (2, 4):
                 assert actor.push_group(make_group(f"g{i}", prompt_index=i, version=2, meta={"epoch": 1})).accepted
         groups, _ = driver._pull()
-        assert sorted(g.prompt_index for g in groups) == [2, 4] and driver.ledger.discarded == {(1, 9)}
-        driver.ledger.record(2, [(1, 2), (1, 4)])
+        assert sorted(g.prompt_index for g in groups) == [2, 4] and driver.position.ledger.discarded == {(1, 9)}
+        driver.position.ledger.record(2, [(1, 2), (1, 4)])
         graph.dead = {0: "its vLLM engine died"}
-        assert driver._check_actors() == {0: "its vLLM engine died"}
+        assert driver.recovery.check_actors() == {0: "its vLLM engine died"}
         kill, (_, ids, skip, _), *_ = graph.calls
         assert kill == ("kill", [0]) and ids == [0]  # stopped before its successor's plan is made
         assert skip == [(1, 2), (1, 4), (1, 9)]  # trained, trained, discarded
         assert json.loads((tmp_path / "processes.json").read_text())["actor/0"] == {"pid": 110, "host": "here"}
-        state = driver.ledger.state_dict()  # a checkpoint keeps the discarded keys too
-        assert type(driver.ledger).from_state_dict(json.loads(json.dumps(state))).accepted() == skip
+        state = driver.position.ledger.state_dict()  # a checkpoint keeps the discarded keys too
+        assert type(driver.position.ledger).from_state_dict(json.loads(json.dumps(state))).accepted() == skip
     finally:
         driver.client.close()
 
@@ -167,9 +167,9 @@ def test_an_actor_declared_dead_is_killed_before_its_successor_plan_is_made(buff
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
-        assert driver._check_actors() == {}  # it has (0, 7) in flight
+        assert driver.recovery.check_actors() == {}  # it has (0, 7) in flight
         graph.dead = {1: "no answer within 30s"}
-        driver._check_actors()
+        driver.recovery.check_actors()
         skip = graph.calls[1][2]
         assert (0, 7) in skip  # delivered as it died: held by the buffer, so not generated again
     finally:
@@ -189,7 +189,7 @@ def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
-        driver.step = 2  # = version 2
+        driver.position.step = 2  # = version 2
         assert driver._sync_weights() == {}
         kill, (_, ids, _, version), *rest = graph.calls
         assert kill == ("kill", [0]) and ids == [0] and version == 2

@@ -45,15 +45,15 @@ def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and
         for p in (1, 2, 3):
             _push(actor, p)
         time.sleep(0.02)
-        assert driver._to_buffer(keeper.maybe_snapshot)  # holds prompts 1, 2, 3
+        assert driver.recovery.call_on_live_buffer(keeper.maybe_snapshot)  # holds prompts 1, 2, 3
         snap = tmp_path / "buffer" / "snapshot.msgpack"
         assert keeper.latest[0] == snap
         since = keeper.latest[1]
         batch = driver._pull()[0]  # FIFO: 1 and 2, trained at step 0
-        driver.ledger.record(0, [(0, g.prompt_index) for g in batch])
+        driver.position.ledger.record(0, [(0, g.prompt_index) for g in batch])
         _push(actor, 4)  # acknowledged after the snapshot: only the dead buffer will have had it
         graph.delivered = {0: [(since - 5, (0, 1)), (since + 1, (0, 4))], 1: []}
-        driver.step = 1  # = version 1
+        driver.position.step = 1  # = version 1
         driver.write_processes()
         assert json.loads((tmp_path / "processes.json").read_text())["buffer"]["pid"] == keeper.pid
 
@@ -63,11 +63,11 @@ def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and
         # the next buffer call finds the death before its request goes out (a request to the dead process
         # would wait out the client's send timeout): the call reaches the restarted buffer only
         alive_when_called = []
-        assert driver._to_buffer(lambda c: alive_when_called.append(keeper.death()) or c.ping()) >= 0
+        assert driver.recovery.call_on_live_buffer(lambda c: alive_when_called.append(keeper.death()) or c.stats()["version"]) >= 0
         assert alive_when_called == [None]
 
         assert keeper.restarts == 1 and keeper.pid != old_pid and keeper.address == address
-        assert not driver._check_buffer()  # alive: nothing to do
+        assert not driver.recovery.restart_dead_buffer()  # alive: nothing to do
         assert driver.client.stats()["held_prompts"] == [[0, 3]]  # the snapshot, minus prompts 1 and 2 trained
         # (0, 1) was delivered before the snapshot; (0, 4) after it, and only the dead buffer had it
         assert graph.calls[-2:] == [("delivered_since", since), ("requeue", {0: [(0, 4)], 1: []})]

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from launch.driver import Driver
-from launch.ledger import PromptLedger
+from launch.position import RunPosition
+from launch.recovery import Recovery
 from learner import checkpoint
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
@@ -65,7 +66,9 @@ def test_resume_continues_the_same_trajectory(tiny_dir, tokenizer, tmp_path):
     b = Learner(cfg, 0, 1, tiny_dir)
     extra = b.load(ckpt)
     assert extra == {"buffer_snapshot": "buf/000002.msgpack", "cursor": 17}
-    assert (b.step_count, b.version, b.providers["prime_q"].version) == (2, 2, 2)
+    # the counters a resume continues: 2 optimiser steps (the LR schedule's clock) and 2 PRM updates
+    # (the weight version is the driver's: extra_state's "step")
+    assert (b.optimizer_steps, b.providers["prime_q"].version) == (2, 2)
     tail_b = [b.step(data[s], version=s) for s in range(2, 5)]
     for ma, mb in zip(tail_a, tail_b):
         for k in ("loss/total", "optim/grad_norm", "optim/lr", "prime/prm_loss", "prime/prm_version", "prime/q_mean"):
@@ -116,7 +119,7 @@ def test_crash_mid_save_leaves_previous_checkpoint(tiny_dir, tokenizer, tmp_path
     assert checkpoint.latest_checkpoint(root) == root / "step_2"
     assert learner.opt.state
     learner.load(zero)  # back to the start: weights, and no optimiser state
-    assert not learner.opt.state and learner.step_count == 0
+    assert not learner.opt.state and learner.optimizer_steps == 0
     for k, v in full_weights(learner).items():
         np.testing.assert_array_equal(v, initial[k], err_msg=k)
 
@@ -155,8 +158,9 @@ class _Buffer:
 def _driver(run_dir: Path, learner: Learner, keep: int) -> Driver:
     d = Driver.__new__(Driver)  # the checkpoint path only: no buffer service, no actors
     d.cfg, d.run_dir = make_cfg("grpo", learner={"keep_checkpoints": keep}), run_dir
-    d.graph, d.client, d.ledger = _Graph(learner), _Buffer(), PromptLedger()
-    d.step = 0
+    d.graph, d.position = _Graph(learner), RunPosition()
+    d.recovery = Recovery.__new__(Recovery)
+    d.recovery.client = _Buffer()
     d.resumed_from, d.keeper = (), None
     d.progress = type("Progress", (), {"message": staticmethod(lambda text: None)})()
     return d
@@ -169,29 +173,43 @@ def test_driver_commits_after_the_buffer_snapshot_and_rotates(tiny_dir, tmp_path
     d = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
-        d.step = step
+        d.position.step = step
         d.checkpoint(export=step == 3)
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]
     last = checkpoint.latest_checkpoint(root)
     assert last == root / "step_3" and (last / "buffer.msgpack").read_bytes() == b"buffer snapshot"
+    # each value recorded once: the driver's position (learner steps = the weight version) and the
+    # learner's counters and algorithm
+    assert json.loads((last / "extra_state.json").read_text()).keys() == {"step", "ledger", "buffer_snapshot"}
     assert json.loads((last / "extra_state.json").read_text())["step"] == 3
+    learner_state = json.loads((last / checkpoint.STATE_FILE).read_text())
+    assert learner_state.keys() == {"format", "algo", "optimizer_steps", "skipped_steps", "world_size", "providers"}
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["step_3"]  # only where asked
     assert (tmp_path / "hf" / "step_3" / "config.json").is_file()
 
-    d.step = 4
+    d.position.step = 4
     d.graph.crash = True
     with pytest.raises(SystemExit):
         d.checkpoint()
     assert checkpoint.latest_checkpoint(root) == last
     d.graph.crash = False
     d.resumed_from = (root / "step_2",)
-    d.step = 5
+    d.position.step = 5
     d.checkpoint()  # keeps step_3 and step_5 (the newest 2) and step_2 (resumed from); sweeps .step_4.tmp
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3", "step_5"]
 
     resumed = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
     assert resumed.restore(tmp_path) == []  # no prompt trained or buffered in this fake run
-    assert (resumed.step, resumed.resumed_from, resumed.client.restored) == (5, (root / "step_5",), b"buffer snapshot")
+    assert (resumed.position.step, resumed.resumed_from, resumed.client.restored) == (5, (root / "step_5",), b"buffer snapshot")
+
+
+def test_optimizer_steps_are_read_from_older_checkpoints_too():
+    """Format 3 names the optimiser steps `optimizer_steps`; formats 1-2 called them "step" (not the
+    learner steps of extra_state.json) and recorded a "version" that is now the driver's alone."""
+    assert checkpoint.optimizer_steps({"format": 3, "optimizer_steps": 8}) == 8
+    assert checkpoint.optimizer_steps({"format": 2, "step": 8, "version": 2}) == 8
+    with pytest.raises(ValueError, match="holds no optimizer_steps"):
+        checkpoint.optimizer_steps({"format": 2})
 
 
 def test_rotation_and_latest_count_committed_steps_by_number(tmp_path):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from learner.launch import LearnerGroup, spawn_ranks
 from learner.learner import Learner
 from tests.learner.helpers import fail_on_rank_1, full_weights, make_cfg, make_groups, rank_info
+from tests.learner.local_ranks import LearnerGroup, spawn_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, t
 
     resumed = Learner(cfg, 0, 1, tiny_dir)  # saved by 2 ranks, loaded by 1
     assert resumed.load(ckpt) == {"cursor": 8}
-    assert resumed.providers["prime_q"].version == 2 and resumed.step_count == 4
+    assert resumed.providers["prime_q"].version == 2 and resumed.optimizer_steps == 4
     for k, v in full_weights(resumed).items():
         np.testing.assert_array_equal(v, w_two[0][k], err_msg=k)
     after_one = resumed.step(data[0], version=2)

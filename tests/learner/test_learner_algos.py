@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import algos
+from launch.metrics import StepTimes, step_row
 from learner import batching
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
@@ -15,8 +16,11 @@ from tests.learner.helpers import full_weights, make_cfg, make_groups
 ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft"]
 # (algo, config overrides): every algorithm with defaults, plus the PRIME reference/update variant
 CASES = [(a, {}) for a in ALGOS] + [("prime", {"prime": {"ref": "policy", "update": "double"}})]
-COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/train_s", "throughput/tokens_per_s", "staleness/mean",
-               "staleness/max", "optim/steps", "version", "reward/mean"}
+COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/learner_compute_s", "throughput/learner_tokens_per_s",
+               "staleness/mean", "staleness/max", "optim/steps", "reward/mean"}
+# every key of the driver's part of a row (`launch.metrics.step_row`)
+DRIVER_KEYS = set(step_row([], StepTimes(0.0, 0.0, 0.0, since_last_s=1.0, wall_s=1.0), {}, {}, version=0,
+                           actor_restarts=0, buffer_restarts=0, actor_reports=[]))
 ALGO_KEYS = {"prime": {"prime/prm_version", "prime/prm_loss", "prime/q_mean"},
              "pure": {"pure/min_step_score", "pure/num_steps"}, "luffy": {"luffy/offpolicy_frac"},
              "pacs": {"pacs/bce"}, "sft": {"loss/nll"}, "grpo": {"pg/clipfrac", "is/ess"}}
@@ -40,6 +44,8 @@ def test_one_step_changes_weights_with_finite_metrics(algo, overrides, tiny_dir,
     changed = max(float(np.abs(after[k] - before[k]).max()) for k in before)
     assert changed > 1e-5, f"{algo}: weights did not move"
     assert COMMON_KEYS | ALGO_KEYS.get(algo, set()) <= set(m)
+    # one writer per key: none of the driver's keys (the driver's row would refuse to merge)
+    assert not m.keys() & DRIVER_KEYS, sorted(m.keys() & DRIVER_KEYS)
     bad = {k: v for k, v in m.items() if not math.isfinite(v)}
     assert not bad, bad
     assert m["optim/stepped"] == 1.0 and m["optim/lr"] == cfg.learner.lr
@@ -125,7 +131,7 @@ def test_nonfinite_gradient_skips_pacs_and_stops_grpo(tiny_dir, tokenizer, monke
     pacs = Learner(make_cfg("pacs"), 0, 1, tiny_dir)
     w0 = full_weights(pacs)
     m = pacs.step(groups, 0)  # spec.skip_nonfinite_grad: skipped and counted
-    assert (m["optim/stepped"], m["optim/skipped_steps"], pacs.step_count) == (0.0, 1.0, 1)
+    assert (m["optim/stepped"], m["optim/skipped_steps"], pacs.optimizer_steps) == (0.0, 1.0, 1)
     assert all(np.array_equal(w0[k], v) for k, v in full_weights(pacs).items())
     monkeypatch.setattr(algos.policy_gradient, "ppo_clip_loss", _poison(algos.policy_gradient.ppo_clip_loss))
     grpo = Learner(make_cfg("grpo"), 0, 1, tiny_dir)

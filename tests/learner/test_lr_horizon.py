@@ -15,7 +15,7 @@ def test_the_schedule_decays_over_the_horizon_not_the_steps(tiny_dir, tokenizer)
     cfg = make_cfg("grpo", learner={"steps": 10, "lr_horizon_steps": 20, "lr_schedule": "linear"})
     learner = Learner(cfg, 0, 1, tiny_dir)
     assert learner.total_optimizer_steps == 20
-    learner.step_count = 5  # as after a resume at optimiser step 5
+    learner.optimizer_steps = 5  # as after a resume at optimiser step 5
     assert learner.step(make_groups(tokenizer, 2, 4), version=5)["optim/lr"] == pytest.approx(7.5e-4)
     cfg.learner.lr_horizon_steps = None
     assert Learner(cfg, 0, 1, tiny_dir).total_optimizer_steps == 10  # null = learner.steps

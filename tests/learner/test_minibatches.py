@@ -43,7 +43,7 @@ def test_second_minibatch_sees_ratios_clips_and_no_gradient_through_clipped_toke
                    loss={"clip_low": 0.01, "clip_high": 0.01, "is_correction": "none"})
     learner = Learner(cfg, 0, 1, tiny_dir)
     m = learner.step(make_groups(tokenizer, 4, 4, version=0), version=0)
-    assert learner.step_count == 4 and m["optim/updates_per_step"] == 4 and learner.version == 1
+    assert learner.optimizer_steps == 4 and m["optim/updates_per_step"] == 4
     assert len(seen) == 4  # one micro-batch (8 rows = 2 groups) per mini-batch
     first_ratio, first_clipped, _ = seen[0]
     assert torch.equal(first_ratio, torch.ones_like(first_ratio)) and not first_clipped.any()

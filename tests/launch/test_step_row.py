@@ -1,0 +1,55 @@
+"""The driver's part of a metrics row (`launch.metrics.step_row`), by hand, and the one-writer rule of
+`merge_rows` (that the learner writes none of the driver's keys: tests/learner/test_learner_algos.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from launch.metrics import StepTimes, merge_rows, step_row
+
+
+def _sample(reward: float, finish: str, tokens: int):
+    return SimpleNamespace(reward=reward, finish_reason=finish, tokens=np.zeros(tokens, np.int32))
+
+
+def _group(*samples):
+    return SimpleNamespace(n=len(samples), samples=list(samples))
+
+
+def test_a_step_row_by_hand():
+    groups = [_group(_sample(1.0, "stop", 3), _sample(0.0, "length", 5)),
+              _group(_sample(1.0, "stop", 4), _sample(1.0, "demo", 6))]  # a demonstration row: no accuracy
+    times = StepTimes(wait_s=0.5, train_s=2.0, sync_s=0.25, since_last_s=3.0, wall_s=10.0)
+    sync = {"gbps": 2.5, "seconds": 0.8, "bytes": 1000, "changed_frac": 0.5}
+    buffer = {"dropped_stale": 3, "auth": {"refused": 1}, "occupancy_groups": 7, "filtered": {"all_0": 2, "all_1": 5}}
+    reports = [{"reward_errors": 2, "reward_timeouts": 1}, {"reward_errors": 3}]
+    row = step_row(groups, times, sync, buffer, version=4, actor_restarts=1, buffer_restarts=2, actor_reports=reports)
+    assert row == {
+        "version": 4,
+        "accuracy/train": pytest.approx(2 / 3),  # generated rewards 1, 0, 1
+        "throughput/samples_per_s": pytest.approx(4 / 3),  # 4 samples in 3 s
+        "throughput/tokens_per_s": 6.0,  # 3 + 5 + 4 + 6 = 18 tokens in 3 s
+        "time/generate_wait_s": 0.5, "time/train_s": 2.0, "time/weight_sync_s": 0.25, "time/wall_s": 10.0,
+        "weight_sync/gbps": 2.5, "weight_sync/refused": 0, "weight_sync/push_s": 0.8, "weight_sync/bytes": 1000,
+        "weight_sync/changed_frac": 0.5,
+        "buffer/dropped_stale": 3, "buffer/auth_refused": 1, "buffer/occupancy_groups": 7, "buffer/filtered": 7,
+        "actors/restarts": 1, "buffer/restarts": 2, "reward/errors": 5, "reward/timeouts": 1,
+    }
+
+
+def test_a_step_without_a_settled_push_or_generated_samples():
+    row = step_row([_group(_sample(1.0, "demo", 2))], StepTimes(0.0, 1.0, 0.0, since_last_s=2.0, wall_s=2.0), {}, {},
+                   version=1, actor_restarts=0, buffer_restarts=0, actor_reports=[])
+    assert row["accuracy/train"] is None and row["throughput/tokens_per_s"] == 1.0
+    assert (row["weight_sync/gbps"], row["weight_sync/push_s"], row["weight_sync/refused"]) == (None, None, 0)
+    assert (row["buffer/filtered"], row["reward/errors"]) == (0, 0)
+
+
+def test_merging_refuses_a_key_two_writers_write():
+    assert merge_rows(learner={"loss/total": 1.0}, driver={"version": 2}, evaluation={}) == \
+        {"loss/total": 1.0, "version": 2}
+    with pytest.raises(ValueError, match="'time/train_s' is written by both learner and driver"):
+        merge_rows(learner={"time/train_s": 0.1, "loss/total": 1.0}, driver={"time/train_s": 0.3})
