@@ -6,6 +6,7 @@
   algo-train --resume DIR [--steps N] [--set key=value ...]     continue a run (launch.rundir)
   algo-train eval --model DIR --data FILE [--n K] [--json OUT]   score a model (launch.evaluate_cmd)
   algo-train plot RUN_DIR [RUN_DIR ...]                          curves of runs (launch.plot)
+  algo-train doctor [run flags] [--json FILE]                    is the cluster ready? (launch.doctor)
 
 Configuration errors exit with status 2 and a message naming the key; nothing is started before the
 whole configuration has validated. `--resume DIR` of a finished run says so without importing the
@@ -26,14 +27,15 @@ unless --resume DIR (continue it, with its own config.yaml) or --force (start it
 
 other commands:
   algo-train eval --model DIR --data FILE [--n K]   accuracy, pass@k and mean@k of a model on a data file
-  algo-train plot RUN_DIR [RUN_DIR ...]             plot runs' curves"""
+  algo-train plot RUN_DIR [RUN_DIR ...]             plot runs' curves
+  algo-train doctor [the run's flags] [--json FILE]  check, node by node, that the cluster can run them"""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     import algos
 
     p = argparse.ArgumentParser(
-        prog="algo-train",
+        prog="algo-train", add_help=add_help,
         description="Asynchronous actor-learner RL for language models.",
         epilog="algorithms:\n" + "\n".join(f"  {n:6s} {algos.get(n).summary}" for n in algos.names())
         + "\n" + EPILOG_TAIL,
@@ -127,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         from launch.plot import main as plot_main
 
         return plot_main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from launch.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
     if argv and argv[0] == "eval":
         from launch.evaluate_cmd import main as eval_main
 
