@@ -8,7 +8,8 @@ push is in flight, so an actor is never more than one version behind the learner
 buffer's staleness accounting (which counts from the learner's version) is unchanged.
 
 Dead actors and a dead buffer process are restarted where the run is (`launch.recovery`); the run's
-position (learner steps = the weight version, and the prompt ledger) is `launch.position`.
+position (learner steps = the weight version, and the prompt ledger) is `launch.position`, and its
+checkpoints save and resume it with the learner and the buffer (`launch.run_checkpoints`).
 
 Ctrl-C (or SIGTERM): actors stop starting prompts and drain what is in flight into the buffer, the
 buffer is snapshotted, a checkpoint is written, and every process is shut down — `--resume RUN_DIR`
@@ -31,12 +32,12 @@ from configs.schema import RunConfig
 from launch.buffer_keeper import BufferKeeper
 from launch.data import RunData
 from launch.demo_batches import DemoBatches
-from launch.ledger import PromptLedger
 from launch.metrics import LoopClock, MetricsWriter, done_line, merge_rows, run_summary, step_row, wandb_init
 from launch.position import RunPosition
 from launch.processes import ProcessGraph
 from launch.progress import Progress
 from launch.recovery import Recovery
+from launch.run_checkpoints import RunCheckpoints
 from launch.samples import SampleLog
 from tasks.rewards import first_error
 
@@ -74,7 +75,8 @@ class Driver:
         prompts = {it.prompt_index: it.prompt_ids for it in data.train}
         self.demos = DemoBatches(data.demos, prompts, cfg.learner.batch_prompts, cfg.seed) \
             if algos.get(cfg.algo).trains_on_demonstrations_only else None
-        self.resumed_from: tuple[Path, ...] = ()  # the checkpoint this run resumed from (never rotated out)
+        self.checkpoints = RunCheckpoints(run_dir, graph, self.recovery, self.position, progress,
+                                          cfg.learner.keep_checkpoints, keeper)
         self._stop_requested = False
         self._reward_error_shown = False
 
@@ -90,53 +92,8 @@ class Driver:
     def write_processes(self) -> None:
         self.recovery.write_processes()
 
-    # ------------------------------------------------------------------ resume and checkpoints
     def restore(self, resume_dir: Path) -> list[Key]:
-        """Load the latest checkpoint of `resume_dir` into learner and buffer; returns the prompts the
-        actors must skip (trained already, or held by the restored buffer)."""
-        from learner.checkpoint import latest_checkpoint
-
-        ckpt = latest_checkpoint(resume_dir / "checkpoints")
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume {resume_dir}: no complete checkpoint under {resume_dir}/checkpoints "
-                                    "(complete = a step_<N> directory holding the COMMITTED marker)")
-        self.resumed_from = (ckpt,)
-        extra = self.graph.load(ckpt)
-        self.position.step = int(extra["step"])
-        self.position.ledger = ledger = PromptLedger.from_state_dict(extra["ledger"])
-        began = time.time()
-        self.client.restore(str(ckpt / extra["buffer_snapshot"]))
-        if self.keeper is not None:  # the buffer's state as of now, until the first timer snapshot
-            self.keeper.taken(ckpt / extra["buffer_snapshot"], began)
-        self.client.set_version(self.version)
-        held = self.recovery.held_prompts()
-        self.progress.message(f"[resume] {ckpt}: step {self.position.step}, version {self.version}, "
-                              f"{len(ledger.trained)} prompts trained, {len(held)} held by the buffer")
-        return ledger.accepted(held)
-
-    def checkpoint(self, export: bool = False) -> Path:
-        """checkpoints/step_<step>: staged in .step_<step>.tmp, where the learner ranks write their part
-        and the buffer service its snapshot, then committed (its COMMITTED marker written last) and older
-        checkpoints rotated out (`learner.keep_checkpoints`; never the one this run resumed from). With
-        `export`, the policy is then written as an HF model to hf/step_<step> (`learner.checkpoint`).
-        The driver's part (extra_state.json) is the run's position: the learner steps taken, which are
-        also the weight version, and the ledger; the algorithm is the learner's (learner_state.json)."""
-        from learner import checkpoint as ckpts
-
-        root, step = self.run_dir / "checkpoints", self.position.step
-        final = root / f"step_{step}"
-        staged = ckpts.stage(final)
-        self.graph.save(staged, {"step": step, "ledger": self.position.ledger.state_dict(),
-                                 "buffer_snapshot": "buffer.msgpack"})
-        began = time.time()
-        self.client.snapshot(str((staged / "buffer.msgpack").resolve()))
-        ckpt = ckpts.commit(staged, final)
-        if self.keeper is not None:
-            self.keeper.taken(ckpt / "buffer.msgpack", began)
-        ckpts.rotate(root, self.cfg.learner.keep_checkpoints, protect=self.resumed_from)
-        if export:
-            ckpts.export_hf(ckpt, self.run_dir / "hf" / f"step_{step}")
-        return ckpt
+        return self.checkpoints.restore(resume_dir)
 
     # ------------------------------------------------------------------ the steps of the loop
     def _pull(self) -> tuple[list, float]:
@@ -193,7 +150,7 @@ class Driver:
         row = self.evaluate() if lc.eval_every and step % lc.eval_every == 0 else {}
         export = bool(lc.hf_every) and step % lc.hf_every == 0
         if export or (lc.save_every and step % lc.save_every == 0):
-            self.checkpoint(export=export)
+            self.checkpoints.save(export=export)
         elif self.keeper is not None:
             self.recovery.call_on_live_buffer(self.keeper.maybe_snapshot)
         return row
@@ -282,7 +239,7 @@ class Driver:
             final = self.evaluate() if lc.eval_every and status == 0 and step % lc.eval_every else {}
             if final:
                 outputs.metrics.write(step, final)
-            ckpt = self.checkpoint(export=True)
+            ckpt = self.checkpoints.save(export=True)
             summary = run_summary(
                 algo=self.cfg.algo, step=step, steps=lc.steps, stopped_early=status != 0,
                 elapsed_s=self.progress.elapsed(), training_s=self.progress.training_s(), checkpoint=str(ckpt),

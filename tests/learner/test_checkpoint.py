@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,9 +14,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from launch.driver import Driver
 from launch.position import RunPosition
-from launch.recovery import Recovery
+from launch.run_checkpoints import RunCheckpoints
 from learner import checkpoint
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
@@ -151,30 +151,23 @@ class _Buffer:
     def set_version(self, version: int) -> None:
         self.version = version
 
-    def stats(self) -> dict:
-        return {}
 
-
-def _driver(run_dir: Path, learner: Learner, keep: int) -> Driver:
-    d = Driver.__new__(Driver)  # the checkpoint path only: no buffer service, no actors
-    d.cfg, d.run_dir = make_cfg("grpo", learner={"keep_checkpoints": keep}), run_dir
-    d.graph, d.position = _Graph(learner), RunPosition()
-    d.recovery = Recovery.__new__(Recovery)
-    d.recovery.client = _Buffer()
-    d.resumed_from, d.keeper = (), None
-    d.progress = type("Progress", (), {"message": staticmethod(lambda text: None)})()
-    return d
+def _checkpoints(run_dir: Path, learner: Learner, keep: int) -> RunCheckpoints:
+    """The driver's checkpoints only: no buffer service, no actors."""
+    buffer = SimpleNamespace(client=_Buffer(), held_prompts=lambda: [])
+    return RunCheckpoints(run_dir, _Graph(learner), buffer, RunPosition(), SimpleNamespace(message=lambda text: None),
+                          keep=keep)
 
 
 def test_driver_commits_after_the_buffer_snapshot_and_rotates(tiny_dir, tmp_path):
     """A checkpoint counts once everything is in it: a driver killed after the learner's save (before the
     buffer snapshot) leaves none — the old order (learner_state.json, then the snapshot moved in) left
     one without its buffer. Rotation keeps the newest `keep_checkpoints` plus the one resumed from."""
-    d = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
+    d = _checkpoints(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):
         d.position.step = step
-        d.checkpoint(export=step == 3)
+        d.save(export=step == 3)
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3"]
     last = checkpoint.latest_checkpoint(root)
     assert last == root / "step_3" and (last / "buffer.msgpack").read_bytes() == b"buffer snapshot"
@@ -190,17 +183,17 @@ def test_driver_commits_after_the_buffer_snapshot_and_rotates(tiny_dir, tmp_path
     d.position.step = 4
     d.graph.crash = True
     with pytest.raises(SystemExit):
-        d.checkpoint()
+        d.save()
     assert checkpoint.latest_checkpoint(root) == last
     d.graph.crash = False
     d.resumed_from = (root / "step_2",)
     d.position.step = 5
-    d.checkpoint()  # keeps step_3 and step_5 (the newest 2) and step_2 (resumed from); sweeps .step_4.tmp
+    d.save()  # keeps step_3 and step_5 (the newest 2) and step_2 (resumed from); sweeps .step_4.tmp
     assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_3", "step_5"]
 
-    resumed = _driver(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
+    resumed = _checkpoints(tmp_path, Learner(make_cfg("grpo"), 0, 1, tiny_dir), keep=2)
     assert resumed.restore(tmp_path) == []  # no prompt trained or buffered in this fake run
-    assert (resumed.position.step, resumed.resumed_from, resumed.client.restored) == (5, (root / "step_5",), b"buffer snapshot")
+    assert (resumed.position.step, resumed.resumed_from, resumed.recovery.client.restored) == (5, (root / "step_5",), b"buffer snapshot")
 
 
 def test_optimizer_steps_are_read_from_older_checkpoints_too():
