@@ -32,7 +32,16 @@ from configs.schema import RunConfig
 from launch.buffer_keeper import BufferKeeper
 from launch.data import RunData
 from launch.demo_batches import DemoBatches
-from launch.metrics import LoopClock, MetricsWriter, done_line, merge_rows, run_summary, step_row, wandb_init
+from launch.metrics import (
+    LoopClock,
+    MetricsWriter,
+    StepTimes,
+    done_line,
+    merge_rows,
+    run_summary,
+    step_row,
+    wandb_init,
+)
 from launch.position import RunPosition
 from launch.processes import ProcessGraph
 from launch.progress import Progress
@@ -90,9 +99,12 @@ class Driver:
         return self.recovery.client
 
     def write_processes(self) -> None:
+        """run_dir/processes.json: where the run's processes are (`Recovery.write_processes`)."""
         self.recovery.write_processes()
 
     def restore(self, resume_dir: Path) -> list[Key]:
+        """Resume from the latest checkpoint of `resume_dir`; the prompts the actors must skip
+        (`launch.run_checkpoints`)."""
         return self.checkpoints.restore(resume_dir)
 
     # ------------------------------------------------------------------ the steps of the loop
@@ -138,7 +150,7 @@ class Driver:
         buffer = self.recovery.call_on_live_buffer(lambda c: c.set_version(self.version))  # with its stats
         return sync, sync_s, buffer
 
-    def _driver_row(self, groups: list, times, sync: dict, buffer: dict) -> dict:
+    def _driver_row(self, groups: list, times: StepTimes, sync: dict, buffer: dict) -> dict:
         return step_row(groups, times, sync, buffer, version=self.version, actor_restarts=self.graph.restarts,
                         buffer_restarts=self.keeper.restarts if self.keeper is not None else 0,
                         actor_reports=self.recovery.reports.values())  # as of the last health check
