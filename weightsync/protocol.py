@@ -27,6 +27,9 @@ only a holder of the run's weight-sync token knows where they are):
                               is the data plane's update_info, handed on to ``update_weights``
   progress/<k>/<r>            buckets of push k that rank r has received
   ack/<k>/<r>, nack/<k>/<r>   JSON outcome of push k on rank r (loaded version, or the error)
+  outcomes/<k>                counter: each receiver, after writing its ack (nack) of push k, adds 1
+                              (``NACK_STEP``) to it (``post_ack``, ``post_nack``), so the sender waits
+                              on this one key instead of polling every receiver's (``outcome_counts``)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
 The gloo data plane's group and bucket framing: ``weightsync.gloo_group``.
@@ -55,6 +58,7 @@ import torch.distributed as dist
 ABORTED_BY_SENDER = "sender aborted the push"  # receivers' error text when the sender gave up first
 LOOPBACK = "127.0.0.1"  # the single-machine default address of the sender
 TICKETS = "tickets"
+NACK_STEP = 1 << 20  # a nack adds this to outcomes/<k>, an ack 1 (a group has far fewer than 2^20 receivers)
 
 
 class WeightSyncError(RuntimeError):
@@ -118,6 +122,29 @@ def key_ack(seq: int, rank: int) -> str:
 
 def key_nack(seq: int, rank: int) -> str:
     return f"nack/{seq}/{rank}"
+
+
+def key_outcomes(seq: int) -> str:
+    return f"outcomes/{seq}"
+
+
+def post_ack(store: dist.Store, seq: int, rank: int, ack: dict) -> None:
+    """Receiver ``rank`` acknowledges push ``seq``: its ack, then the outcome counter (in that order:
+    a counted outcome is always readable)."""
+    set_json(store, key_ack(seq, rank), ack)
+    store.add(key_outcomes(seq), 1)
+
+
+def post_nack(store: dist.Store, seq: int, rank: int, error: str) -> None:
+    """Receiver ``rank`` reports that push ``seq`` failed on it (``error``, cut to 2000 characters)."""
+    set_json(store, key_nack(seq, rank), {"error": error[:2000]})
+    store.add(key_outcomes(seq), NACK_STEP)
+
+
+def outcome_counts(store: dist.Store, seq: int) -> tuple[int, int]:
+    """``(acks, nacks)`` posted for push ``seq`` so far: one store round trip."""
+    nacks, acks = divmod(store.add(key_outcomes(seq), 0), NACK_STEP)
+    return acks, nacks
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:

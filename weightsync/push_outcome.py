@@ -2,7 +2,7 @@
 acknowledgement, or, when the push fails, the receivers responsible.
 
 Each receiver answers push k with ``ack/<k>/<r>`` (the version its engine reports after loading) or
-``nack/<k>/<r>`` (its error); see ``weightsync.protocol``. A receiver that does neither is told apart
+``nack/<k>/<r>`` (its error) and counts it in ``outcomes/<k>``; see ``weightsync.protocol``. A receiver that does neither is told apart
 by its heartbeat (``weightsync.liveness``): still beating means stuck in its update, a frozen counter
 means dead or frozen, and on the gloo plane its progress key says how many buckets it received.
 """
@@ -23,9 +23,14 @@ from weightsync.protocol import (
     key_ack,
     key_nack,
     key_progress,
+    outcome_counts,
 )
 
 ACK_STALL_S = 10.0  # a loading receiver silent this long is dead (generous: 2 busy cores can starve a beat)
+
+
+ACK_POLL_S = 0.05  # how often the sender reads the outcome counter (one store round trip)
+ACK_SCAN_S = 1.0  # how often it also reads heartbeats and checks every ack key at once (safety net)
 
 
 def wait_acks(store: dist.Store, receivers: dict[int, dict], seq: int, version: int, timeout_s: float,
@@ -34,41 +39,63 @@ def wait_acks(store: dist.Store, receivers: dict[int, dict], seq: int, version: 
     the receiver's process info. Raises ``WeightSyncError`` naming the receiver at its first nack, at an
     ack of another version, when a receiver's heartbeat stops for ACK_STALL_S while it loads (its
     process died or froze after the last byte arrived: fail then, not at the deadline), when
-    ``broken()`` says the sender was closed from another thread, and after ``timeout_s``."""
+    ``broken()`` says the sender was closed from another thread, and after ``timeout_s`` (naming
+    exactly the receivers without an ack).
+
+    Cost: one store call (the ``outcomes/<k>`` counter, ``protocol.outcome_counts``) every ACK_POLL_S,
+    plus, every ACK_SCAN_S, one call for all the ack keys at once and one heartbeat read per receiver;
+    the receivers' keys are read one by one only once the counter says they are all there, or to name
+    the receiver that nacked, timed out or stalled. (It ran 2 calls per receiver every 2 ms: 32 000
+    calls a second for 32 receivers, on learner rank 0's one core.)"""
     deadline = time.monotonic() + timeout_s
-    acks: dict[int, dict] = {}
     ranks = list(receivers)
-    watch, next_beat_check = HeartbeatWatch(store, ACK_STALL_S), 0.0
+    watch = HeartbeatWatch(store, ACK_STALL_S)
+    next_scan = time.monotonic() + ACK_SCAN_S
     while True:
-        for r in ranks:
-            if r in acks:
-                continue
-            if store.check([key_nack(seq, r)]):
-                err = get_json(store, key_nack(seq, r)).get("error", "?")
-                raise WeightSyncError(f"{describe_receiver(store, r)} failed to load version "
-                                      f"{version}: {err}", failed_ranks={r: err})
-            if store.check([key_ack(seq, r)]):
-                ack = get_json(store, key_ack(seq, r))
-                if str(ack.get("version")) != str(version):
-                    msg = f"reports version {ack.get('version')!r} after loading {version}"
-                    raise WeightSyncError(f"{describe_receiver(store, r)} {msg}", failed_ranks={r: msg})
-                acks[r] = {"name": receivers[r].get("name", str(r)), **ack}
-        if len(acks) == len(ranks):
-            return acks
-        if time.monotonic() >= next_beat_check:
-            next_beat_check = time.monotonic() + HEARTBEAT_PERIOD_S
-            if stalled := watch.stalled([r for r in ranks if r not in acks]):
-                why = f"no heartbeat for {ACK_STALL_S:.0f} s while loading (process dead or frozen)"
-                raise WeightSyncError(f"{describe_receiver(store, stalled[0])}: {why}",
-                                      failed_ranks={stalled[0]: why})
+        acked, nacked = outcome_counts(store, seq)
+        if nacked:
+            _raise_first_nack(store, ranks, seq, version)
+        scan = time.monotonic() >= next_scan
+        if acked >= len(ranks) or (scan and store.check([key_ack(seq, r) for r in ranks])):
+            return _read_acks(store, receivers, seq, version)
+        if scan:
+            next_scan = time.monotonic() + ACK_SCAN_S
+            # watch every rank (which have acked is not known here); one that acked is not to blame
+            for r in watch.stalled(ranks):
+                if not store.check([key_ack(seq, r)]):
+                    why = f"no heartbeat for {ACK_STALL_S:.0f} s while loading (process dead or frozen)"
+                    raise WeightSyncError(f"{describe_receiver(store, r)}: {why}", failed_ranks={r: why})
         if why := broken():  # closed from another thread (the learner rebuilds the group)
             raise WeightSyncError(f"push of version {version} abandoned: sender {why}")
         if time.monotonic() > deadline:  # every byte was sent: whoever has not acked is stuck loading
+            _raise_first_nack(store, ranks, seq, version)  # posted since the counter was read
             stuck = {r: f"no acknowledgement within {timeout_s:.0f} s (stuck in its update)"
-                     for r in ranks if r not in acks}
+                     for r in ranks if not store.check([key_ack(seq, r)])}
+            if not stuck:
+                return _read_acks(store, receivers, seq, version)
             raise WeightSyncError(f"no acknowledgement of version {version} within {timeout_s:.0f} s",
                                   failed_ranks=stuck)
-        time.sleep(0.002)
+        time.sleep(ACK_POLL_S)
+
+
+def _raise_first_nack(store: dist.Store, ranks: list[int], seq: int, version: int) -> None:
+    for r in ranks:
+        if store.check([key_nack(seq, r)]):
+            err = get_json(store, key_nack(seq, r)).get("error", "?")
+            raise WeightSyncError(f"{describe_receiver(store, r)} failed to load version {version}: {err}",
+                                  failed_ranks={r: err})
+
+
+def _read_acks(store: dist.Store, receivers: dict[int, dict], seq: int, version: int) -> dict[int, dict]:
+    """Every receiver's ack (all present), checked against ``version``."""
+    acks = {}
+    for r in receivers:
+        ack = get_json(store, key_ack(seq, r))
+        if str(ack.get("version")) != str(version):
+            msg = f"reports version {ack.get('version')!r} after loading {version}"
+            raise WeightSyncError(f"{describe_receiver(store, r)} {msg}", failed_ranks={r: msg})
+        acks[r] = {"name": receivers[r].get("name", str(r)), **ack}
+    return acks
 
 
 def name_suspects(store: dist.Store, ranks: list[int], seq: int, failed: dict[int, str],
