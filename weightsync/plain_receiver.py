@@ -30,12 +30,12 @@ from weightsync.protocol import (
     WeightSyncError,
     get_json,
     join_group,
-    key_ack,
-    key_nack,
     key_progress,
     key_push,
     key_rank,
     key_worker,
+    post_ack,
+    post_nack,
     process_info,
     set_json,
 )
@@ -101,7 +101,7 @@ class PlainReceiver:
                 self._store.add(key_progress(seq, self.rank), 1)
         except BaseException as e:
             self.version = None
-            set_json(self._store, key_nack(seq, self.rank), {"error": repr(e)[:2000]})
+            post_nack(self._store, seq, self.rank, repr(e))
             raise
         self.version = version
         ack = {"version": str(version), "seconds": time.monotonic() - t0}
@@ -109,7 +109,7 @@ class PlainReceiver:
             ack["checksum"] = total
         if self.freeze_before_ack:
             os.kill(os.getpid(), signal.SIGSTOP)
-        set_json(self._store, key_ack(seq, self.rank), ack)
+        post_ack(self._store, seq, self.rank, ack)
         return ack
 
     def close(self) -> None:
