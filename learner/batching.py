@@ -143,7 +143,7 @@ def shard_groups(rows: list[Row], world_size: int, indices: list[int] | None = N
 
 
 def plan_microbatches(rows: list[Row], indices: list[int], max_rows: int, *, whole_groups: bool = False,
-                      max_tokens: int | None = None, packed: bool = False) -> list[list[int]]:
+                      max_tokens: int | str | None = None, packed: bool = False) -> list[list[int]]:
     """Cut the rows `indices` into micro-batches of at most `max_rows` rows and (optionally) at most
     `max_tokens` tokens: Σ sequence lengths when `packed`, rows × longest sequence when padded.
 
@@ -151,7 +151,11 @@ def plan_microbatches(rows: list[Row], indices: list[int], max_rows: int, *, who
     Padded, each unit joins the last micro-batch or opens the next (so a micro-batch holds similar
     lengths); packed, it joins the first micro-batch it fits in (first-fit decreasing: lengths need
     not match, so fewer micro-batches). A unit beyond the limits on its own forms a micro-batch alone.
+    `max_tokens` "auto" (learner.micro_batch_tokens of a config the launch did not resolve, e.g. a `Learner`
+    built in a test) is the row cap only, what auto means on CPU; the launch resolves it per device.
     """
+    if max_tokens == "auto":
+        max_tokens = None
     if max_rows < 1:
         raise ValueError(f"micro-batch size must be >= 1 row, got {max_rows}")
     units: dict[int, list[int]] = {}

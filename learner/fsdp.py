@@ -171,7 +171,7 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
 
 
 def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.device, dtype: str, trainable: bool,
-                 chunk_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 chunk_tokens: int | str, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  activation_checkpointing: bool = False, shard: bool = True) -> TokenScorer:
     """A `TokenScorer` over the HF model in `model_dir`, FSDP2-sharded over `mesh` when `shard`.
 
@@ -183,7 +183,13 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     shard=False (the learner's default for a world of one rank) keeps a plain module on `device`:
     FSDP2 with one rank only adds buffer copies and hooks (≈10% of a tiny model's step).
     Built on the meta device, then each rank materialises and reads only its shards (module doc).
+    chunk_tokens "auto" (learner.logprob_chunk_tokens of a config the launch did not resolve): by `device`,
+    `LearnerConfig.resolved_logprob_chunk_tokens`.
     """
+    if chunk_tokens == "auto":
+        from configs.shared import LearnerConfig
+
+        chunk_tokens = LearnerConfig(logprob_chunk_tokens="auto").resolved_logprob_chunk_tokens(device.type == "cuda")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     compute = DTYPES[dtype]

@@ -230,3 +230,76 @@ def test_placement_groups_on_a_real_ray_with_declared_gpus():
         assert "4 actor(s) × [1 GPU + 0.75 CPU + ~1.5 GiB] SPREAD" in msg and "2 CPU, 8 GPU" in msg
     finally:
         ray.shutdown()
+
+
+def test_engines_sharing_a_gpu_push_over_gloo_and_nccl_there_is_refused_before_start():
+    """A2: NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", NCCL
+    init.cc), so engines at a fraction of a GPU cannot join an NCCL weight-sync group."""
+    from launch.resources import sharing_note
+
+    share = ["rollout.gpus_per_actor=0.25", "rollout.engine.gpu_memory_utilization=0.2"]
+    cfg = resolve_auto(resolve("grpo", overrides=share), gpu_nodes(1))  # auto -> gloo, and says so
+    assert cfg.weight_sync.backend == "gloo"
+    assert "weight sync over gloo" in sharing_note(cfg) and "NCCL refuses two ranks on one GPU" in sharing_note(cfg)
+    assert plan(resolve("grpo", overrides=share + ["rollout.num_actors=28"]), gpu_nodes(1)).actors == 28  # 7 GPUs
+    whole = resolve_auto(resolve("grpo"), gpu_nodes(1))
+    assert whole.weight_sync.backend == "nccl" and sharing_note(whole) is None
+    with pytest.raises(ResourceError) as e:
+        plan(resolve("grpo", overrides=share + ["weight_sync.backend=nccl"]), gpu_nodes(1))
+    assert ("weight_sync.backend=nccl with rollout.gpus_per_actor=0.25: engines share GPUs and NCCL refuses two "
+            "ranks of its group on one GPU (\"Duplicate GPU detected\") — use --set weight_sync.backend=gloo (or "
+            "auto), or whole GPUs per actor: --set rollout.gpus_per_actor=auto (1 per actor)") in str(e.value)
+    with pytest.raises(ResourceError, match=r"learner.gpus_per_rank=0.5 with learner.world_size=2: ranks would "
+                                            r"share a GPU .* — use --set learner.gpus_per_rank=auto"):
+        resolve_auto(resolve("grpo", overrides=["learner.gpus_per_rank=0.5", "learner.world_size=2"]), gpu_nodes(1))
+    resolve_auto(resolve("grpo", overrides=["learner.gpus_per_rank=0.5"]), gpu_nodes(1))  # one rank: no group
+
+
+def test_gpu_engines_size_their_kv_cache_by_memory_share_unless_kv_cache_gib_is_set(tmp_path):
+    """A4: 1 GiB of KV (≈ 18.7k tokens of Qwen2.5-7B) was every GPU engine's default; now vLLM fills
+    gpu_memory_utilization 0.85 of the GPU, and rollout.kv_cache_gib applies on GPUs only when set."""
+    gpu = resolve_auto(resolve("grpo"), gpu_nodes(1))
+    assert gpu.rollout.kv_cache_gib is None and gpu.rollout.engine.gpu_memory_utilization == 0.85  # recorded
+    kw = EngineSpec.from_config(gpu, tmp_path, weight_transfer=False).engine_args_kwargs()
+    assert kw["gpu_memory_utilization"] == 0.85 and "kv_cache_memory_bytes" not in kw
+    unresolved = EngineSpec(str(tmp_path), cpu=False, weight_transfer=False).engine_args_kwargs()
+    assert unresolved["gpu_memory_utilization"] == 0.85 and "kv_cache_memory_bytes" not in unresolved
+    both = resolve_auto(resolve("grpo", overrides=["rollout.kv_cache_gib=20", "rollout.engine.gpu_memory_utilization=0.5"]),
+                        gpu_nodes(1))
+    kw = EngineSpec.from_config(both, tmp_path, weight_transfer=False).engine_args_kwargs()
+    assert kw["kv_cache_memory_bytes"] == 20 * 2**30 and kw["gpu_memory_utilization"] == 0.5
+    cpu = resolve_auto(resolve("grpo"), [Node("m", 2, 0, 24)])
+    assert cpu.rollout.kv_cache_gib == 1.0 and cpu.rollout.engine.gpu_memory_utilization is None  # as before
+    spec = EngineSpec.from_config(resolve("grpo"), tmp_path, weight_transfer=False, cpu=True)
+    assert "gpu_memory_utilization" not in spec.engine_args_kwargs()
+    assert plan(resolve("grpo"), [Node("m", 2, 0, 24)]).actor_bundle.memory_gib == 2.5  # 1 GiB KV + 1.5
+
+
+def test_an_engine_reports_the_kv_tokens_vllm_allocated():
+    """A4: the start-up line reads vLLM 0.32's figure (cache_config.num_gpu_blocks × block_size)."""
+    from types import SimpleNamespace
+
+    from actors.engine import kv_cache_line, kv_cache_tokens
+
+    engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=1170,
+                                                                                      block_size=16)))
+    assert kv_cache_tokens(engine) == 18720
+    line = kv_cache_line(engine, EngineSpec("m", cpu=False, max_model_len=4096, kv_cache_gib=1.0))
+    assert line == ("[engine] KV cache: 18,720 tokens (rollout.kv_cache_gib=1 per GPU) = 4.6 sequences of "
+                    "max_model_len 4,096")
+    gpu_line = kv_cache_line(engine, EngineSpec("m", cpu=False, max_model_len=4096))
+    assert "(gpu_memory_utilization=0.85)" in gpu_line
+    assert "did not report" in kv_cache_line(SimpleNamespace(), EngineSpec("m"))
+
+
+def test_learner_memory_defaults_are_per_device_and_cpu_keeps_its_old_values():
+    """C7: a 4096-token chunk of a 152k vocabulary is 2.5 GB of fp32 logits per buffer; GPU learners get
+    1024-token chunks and 16k-token micro-batches, CPU keeps 4096 and the row cap only."""
+    gpu = resolve_auto(resolve("grpo"), gpu_nodes(1))
+    assert (gpu.learner.logprob_chunk_tokens, gpu.learner.micro_batch_tokens) == (1024, 16384)
+    cpu = resolve_auto(resolve("grpo"), [Node("m", 2, 0, 24)])
+    assert (cpu.learner.logprob_chunk_tokens, cpu.learner.micro_batch_tokens) == (4096, None)
+    mine = resolve_auto(resolve("grpo", overrides=["learner.logprob_chunk_tokens=2048",
+                                                   "learner.micro_batch_tokens=null"]), gpu_nodes(1))
+    assert (mine.learner.logprob_chunk_tokens, mine.learner.micro_batch_tokens) == (2048, None)
+    assert (gpu.rollout.seeded, cpu.rollout.seeded) == (False, True)  # C5, recorded in config.yaml
