@@ -11,11 +11,13 @@ start, end)` over output-token indices, set on the final output. This is exact, 
 timing: a "keep" pause completes only once the engine has no work left (batch queue drained, output
 queue flushed), the label changes only while paused, and so every token sampled by the old weights
 was emitted -- and labelled -- before the label changed, and every token after the resume carries
-the new one. (With `clear_cache=True`, which the receiver uses, the KV of kept requests is
+the new one. (With `weight_sync.clear_cache` true, the default, the KV of kept requests is
 recomputed with the new weights on resume, so tokens after the update depend on the new weights
-only.) The actor sets the label to its initial version when the engine starts, so no span is ever
-"default". Counting tokens ourselves at pause time would race with outputs still in flight between
-the engine core and this process; the spans do not.
+only; false keeps the old KV.) The actor sets the label to its initial version when the engine
+starts, so no span is ever "default". After a failed or aborted push the engine is labelled with a
+non-integer (`weightsync.receiver.NO_VERSION`) until the next complete push: rows holding such tokens
+raise `NoVersionError` and are never trained. Counting tokens ourselves at pause time would race with
+outputs still in flight between the engine core and this process; the spans do not.
 
 Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` and requests ask
 for ``logprobs=0`` with ``flat_logprobs=True``: exactly one entry per position, the sampled token's
@@ -36,6 +38,12 @@ class RowError(RuntimeError):
     """A completion that cannot be turned into a training row (misaligned log-probs or versions)."""
 
 
+class NoVersionError(RowError):
+    """Tokens sampled while the engine's weights were of no version: its label was not an integer (after
+    a failed or aborted push, `weightsync.receiver.NO_VERSION`, until the next complete push). The
+    actor drops the group and counts it (`groups_no_version`)."""
+
+
 def versions_from_spans(spans, num_tokens: int) -> np.ndarray:
     """int32 [num_tokens] weight version of each output token from vLLM's `WeightVersionSpan`s."""
     out = np.full(num_tokens, np.iinfo(np.int32).min, dtype=np.int32)
@@ -48,7 +56,8 @@ def versions_from_spans(spans, num_tokens: int) -> np.ndarray:
         try:
             v = int(span.version)
         except ValueError as e:
-            raise RowError(f"weight version label {span.version!r} is not an integer version") from e
+            raise NoVersionError(f"tokens {span.start}..{span.end} were sampled under the weight-version label "
+                                 f"{span.version!r}, not an integer version (weights of no version)") from e
         out[span.start:span.end] = v
     if (out == np.iinfo(np.int32).min).any():
         raise RowError(f"weight-version spans {spans} do not cover all {num_tokens} tokens")

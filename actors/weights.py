@@ -40,9 +40,18 @@ class WeightUpdates:
             if not old.cancelled():
                 old.exception()  # the old group's end (its store closed) is expected: mark it retrieved
 
+        label = await self.engine.get_weight_version()  # NO_VERSION after a failed push: still none
+        serving = self.version if str(label).lstrip("-").isdigit() else None
         self.receiver = WeightReceiver(self.engine, host, port, token=token, name=self.name,
-                                       initial_version=self.version, on_update=self._loaded)
+                                       initial_version=serving, clear_cache=self.cfg.weight_sync.clear_cache,
+                                       on_update=self._loaded)
         return await self.receiver.init()
+
+    @property
+    def serves_a_version(self) -> bool:
+        """False from a failed or aborted push until the next complete one (the engine is labelled
+        `weightsync.receiver.NO_VERSION`): the actor starts no prompt meanwhile."""
+        return getattr(self.receiver, "version", 0) is not None  # (stand-ins without one: bench/scale.py)
 
     def _loaded(self, version: int) -> None:
         """Called by the receiver once the engine serves `version` (generation already resumed)."""
@@ -73,3 +82,14 @@ class WeightUpdates:
             raise RuntimeError(f"{self.name}: follow_weight_updates() before connect_weight_sync()")
         if self._follow_task is None or self._follow_task.done():
             self._follow_task = asyncio.create_task(self.receiver.run(), name=f"{self.name}-weights")
+
+
+def weight_metrics(reports) -> dict:
+    """Run metrics from the actors' last stats (`AsyncActor.stats`; docs/metrics.md): groups dropped because
+    their tokens were sampled under no version (after a failed or aborted push), and the share of the
+    generated tokens acknowledged by the buffer that sit in rows spanning more than one version."""
+    reports = list(reports)
+    tokens = sum(r.get("sent_tokens", 0) for r in reports)
+    mixed = sum(r.get("mixed_version_tokens", 0) for r in reports)
+    return {"actors/groups_no_version": sum(r.get("groups_no_version", 0) for r in reports),
+            "actors/mixed_version_share": mixed / tokens if tokens else None}

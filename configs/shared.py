@@ -293,11 +293,8 @@ class LearnerConfig(Section):
         return GPU_MICRO_BATCH_TOKENS if gpu else None
 
 
-WEIGHT_SYNC_BACKENDS = ("auto", *weight_sync_backends())  # weightsync.backends is torch-free
-
-
 class WeightSyncConfig(Section):
-    backend: Literal[WEIGHT_SYNC_BACKENDS] = Field(
+    backend: Literal[("auto", *weight_sync_backends())] = Field(
         "auto", description="data plane of the weight push: gloo = CPU tensors over TCP (CPU runs, CI); nccl = a GPU "
                             "broadcast into vLLM's NCCL weight-transfer engines (learner ranks and actors on GPUs); "
                             "auto = nccl when both have GPUs and every engine has whole GPUs of its own, else gloo "
@@ -313,18 +310,12 @@ class WeightSyncConfig(Section):
                               "weight-sync group is (re)built, e.g. after an actor restart)")
     bucket_mb: float = Field(256.0, gt=0, description="packed bucket size, MiB")
     deadline_s: float = Field(60.0, gt=0, description="every collective must finish within this, seconds")
-    connect_timeout_s: float = Field(
-        300.0, gt=0, description="the weight-sync rendezvous (every actor's engine joining the learner's group, also "
-                                 "after an actor restart) must finish within this, seconds")
+    connect_timeout_s: float = Field(300.0, gt=0, description="the weight-sync rendezvous must finish within this, s")
     clear_cache: bool = Field(
-        True, description="at each push, drop the engines' KV/prefix cache. true: requests in flight are re-prefilled "
-                          "with the new weights on resume, so every token after a push depends on the new weights "
-                          "only (its version label is exact); costs one prefill of prompt + tokens so far per request "
-                          "in flight per push (grows with response length × requests in flight). false: no re-prefill, "
-                          "but tokens labelled with the new version attend to keys/values the old weights computed, "
-                          "and new requests may reuse old-weight prefixes (a token's version says which weights "
-                          "sampled it, not which computed its context); actors/mixed_version_share shows how many "
-                          "tokens sit in rows spanning two versions")
+        True, description="drop the engines' KV/prefix cache at each push. true: requests in flight are re-prefilled "
+                          "on resume, so tokens after a push depend on the new weights only; costs a prefill of every "
+                          "request in flight per push. false: none, but new-version tokens attend to old-weight KV "
+                          "(weightsync.receiver.WeightReceiver)")
 
 
 class LossConfig(Section):

@@ -135,7 +135,8 @@ class LearnerRank:
         ws = self.cfg.weight_sync
         engine = self.cfg.rollout.engine
         self.sender = WeightSender(num_receivers, host=node_host(self.cluster), port=0, token=token,
-                                   bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s, backend=ws.backend,
+                                   bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s,
+                                   connect_timeout_s=ws.connect_timeout_s, backend=ws.backend,
                                    tp=engine.tensor_parallel_size,
                                    mode=ws.mode, full_every=ws.full_every)
         return self.sender.address

@@ -197,8 +197,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     def _abandon_reload(self) -> None:
         """A push failed half-way. Put the pre-update tensors back into every layer that had not been
         completely reloaded, so the engine keeps serving (layers already reloaded keep the new
-        weights: the model is then a mix of two versions until the next successful push, which the
-        actor-side helper reports as version ``None``). Uses vLLM's reload internals."""
+        weights: the model is then a mix of two versions until the next successful push; the
+        actor-side helper labels the engine ``weightsync.receiver.NO_VERSION`` before it resumes, so
+        nothing sampled meanwhile is trained). Uses vLLM's reload internals."""
         if not self._reload_active:
             return
         self._reload_active = False

@@ -7,8 +7,11 @@ learner announces, and must never leave its engine paused:
     start_weight_update()              the transfer engine prepares (ours, weightsync.gloo_engine: a reload)
     update_weights({version, seq, ...}) the worker receives the push and loads it
     finish_weight_update(str(version)) reload finalised; the engine now reports the version
-    resume_generation()                in ``finally``: also after a failure
-then it acknowledges the version the engine reports (or the error) to the learner's store.
+    resume_generation()                in ``finally``: also after a failure, but only once the
+                                       engine is relabelled NO_VERSION ("none", not an integer)
+then it acknowledges the version the engine reports (or the error) to the learner's store. After a
+failed or aborted push the engine serves under NO_VERSION until the next complete push: its rows
+are dropped by the actor (``actors.rows.NoVersionError``), never trained.
 
 The helper is blind to the data plane (``weightsync.plane``): it passes the plane's init_info
 (``plane/<rank>`` in the store) to ``init_weight_transfer_engine`` and each push's update_info (in
@@ -39,16 +42,18 @@ from weightsync.protocol import (
     WeightSyncError,
     get_json,
     join_group,
-    key_ack,
-    key_nack,
     key_plane,
     key_push,
     key_rank,
+    post_ack,
+    post_nack,
     process_info,
     set_json,
 )
 
 logger = logging.getLogger(__name__)
+
+NO_VERSION = "none"  # the engine's weight-version label after a failed push: its weights are of no version
 
 
 def engine_args_kwargs(backend: str = "gloo") -> dict:
@@ -64,10 +69,15 @@ def engine_args_kwargs(backend: str = "gloo") -> dict:
 class WeightReceiver:
     """Receives the learner's weight pushes into ``engine`` (an ``AsyncLLM`` / vLLM ``EngineClient``).
 
-    ``clear_cache=True`` (default) drops the KV/prefix cache when pausing: kept requests are then
-    recomputed with the new weights on resume, and no new request reuses a prefix computed with the
-    old ones. ``version`` is the version the engine serves, ``None`` after a failed push (the
-    model may then mix two versions until the next successful one). ``token`` is the run's
+    ``clear_cache`` (``weight_sync.clear_cache``): True drops the KV/prefix cache at each pause: kept
+    requests are then re-prefilled with the new weights on resume (every token after the update depends
+    on the new weights only; costs a prefill of prompt + tokens so far of every request in flight, per
+    push) and no new request reuses a prefix computed with the old ones. False keeps it: no re-prefill,
+    but tokens labelled with the new version attend to keys/values the old weights computed (and new
+    requests may reuse old-weight prefixes), so a token's version says which weights sampled it, not
+    which weights its whole context went through. ``version`` is the version the engine serves,
+    ``None`` after a failed push (the engine is then labelled ``NO_VERSION`` until the next complete
+    push: ``_serve_no_version``). ``token`` is the run's
     weight-sync token (``RunSecrets.weight_sync_token``), which the sender checks before admitting
     this receiver; the vLLM worker gets only the group's derived key prefix, never the token.
     """
@@ -149,22 +159,25 @@ class WeightReceiver:
                 marks["update"] = time.monotonic()
                 await self.engine.finish_weight_update(weight_version=str(version))
                 marks["finish"] = time.monotonic()
+            except BaseException:  # relabelled while still paused: no token of the mixed model has a version
+                await self._serve_no_version()
+                raise
             finally:
                 await self._resume()
                 self.last_pause = (t_paused, marks.setdefault("resume", time.monotonic()))
             loaded = await self.engine.get_weight_version()
         except Exception as e:
-            self.version = None
-            await asyncio.to_thread(set_json, self._store, key_nack(seq, self.rank), {"error": repr(e)[:2000]})
+            await self._serve_no_version()  # also when the pause itself failed
+            await asyncio.to_thread(post_nack, self._store, seq, self.rank, repr(e))
             raise WeightSyncError(f"{self.name}: loading version {version} failed: {e!r}") from e
         except BaseException:  # cancelled mid-update: the engine may hold a partial update
-            self.version = None
+            await self._serve_no_version()
             raise
         self.version = version
         prev, phases = t0, {}
         for phase, t in marks.items():  # seconds spent in each step, in order
             phases[phase], prev = t - prev, t
-        await asyncio.to_thread(set_json, self._store, key_ack(seq, self.rank), {
+        await asyncio.to_thread(post_ack, self._store, seq, self.rank, {
             "version": loaded, "seconds": time.monotonic() - t0,
             "paused_s": self.last_pause[1] - self.last_pause[0], "phases": phases})
         if self.on_update is not None:
@@ -172,6 +185,19 @@ class WeightReceiver:
             if asyncio.iscoroutine(r):
                 await r
         return version
+
+    async def _serve_no_version(self) -> None:
+        """After a failed or aborted push: the engine's weights are a mix of the old version, parts of the
+        new one and, on some paths, never-filled buffers (``weightsync.gloo_engine._abandon_reload``,
+        ``weightsync.nccl_engine``). Label them ``NO_VERSION`` (not an integer) until the next complete
+        push relabels them: every token sampled meanwhile carries it, and ``actors.rows`` refuses rows
+        holding such tokens (the actor drops and counts those groups). ``version`` becomes ``None``."""
+        self.version = None
+        try:
+            await self.engine.update_weight_version(NO_VERSION)
+        except Exception:  # a dead engine serves nothing anyway
+            logger.exception("%s: could not label the engine's weights %r after a failed push", self.name,
+                             NO_VERSION)
 
     async def _resume(self) -> None:
         try:
