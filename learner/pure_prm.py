@@ -20,7 +20,11 @@ The provider decodes every response token by token, splits steps with `algos.pur
 extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere).
 Each rank scores only its own rows (`ProviderContext.local`, once per learner step, all of them in
 one `score_responses` call); the learner all-gathers the outputs. Every rank holds a whole copy of
-the PRM (it is not sharded).
+the PRM (it is not sharded) on its device: the PRM is built on the meta device and its weights are read
+from the safetensors files one tensor at a time straight into device memory (`load_prm`), so a rank's
+host RAM holds at most one tensor of it (a 7B PRM's embedding, ~1 GB in bf16), not the whole model;
+only a directory without safetensors weights falls back to `from_pretrained` (whole on the host, then
+moved).
 """
 
 from __future__ import annotations
@@ -50,6 +54,27 @@ class RuleStepChecker:
         return score_steps(prompt, response, step_spans)
 
 
+def load_prm(path: str | Path, device: torch.device, dtype: torch.dtype, auto_class) -> torch.nn.Module:
+    """The PRM of `path` on `device` in `dtype` without a whole copy in host RAM (module doc): built on the
+    meta device from its config, materialised on `device`, filled tensor by tensor from the safetensors
+    files (`learner.fsdp.load_local_weights`). A directory without safetensors weights, or whose tensor
+    names do not match the model's, is loaded whole by `from_pretrained` and moved."""
+    from transformers import AutoConfig
+
+    from learner.fsdp import disable_dropout, init_buffers, load_local_weights
+
+    try:
+        with torch.device("meta"):
+            model = auto_class.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+        model.to_empty(device=device)
+        init_buffers(model)
+        load_local_weights(model, path)
+    except (FileNotFoundError, KeyError, ValueError):
+        model = auto_class.from_pretrained(path, dtype=dtype).to(device)
+    disable_dropout(model)
+    return model
+
+
 class HFTokenClassificationPRM:
     """A 2-label token-classification PRM read at a "\\n" tag appended after each step (see module doc)."""
 
@@ -58,7 +83,7 @@ class HFTokenClassificationPRM:
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype).to(device).eval()
+        self.model = load_prm(path, torch.device(device), dtype, AutoModelForTokenClassification).eval()
         if self.model.config.num_labels != 2:
             raise ValueError(f"{path}: a PURE PRM needs 2 labels, the model has {self.model.config.num_labels}")
         tag = self.tokenizer(step_tag, add_special_tokens=False)["input_ids"]
@@ -150,19 +175,33 @@ class FunctionStepScorer:
 def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     """Decoded text of each token (special tokens → ""), such that "".join(...) is the decoded response.
 
-    Per-token decoding is exact for character and most BPE vocabularies; when a token decodes to a
-    partial UTF-8 character ("\\ufffd"), the row falls back to prefix-difference decoding.
+    Per-token decoding is exact for character and most BPE vocabularies. When a token decodes to a
+    partial UTF-8 character ("\ufffd": a multi-byte character split across byte-level tokens), the row is
+    decoded incrementally instead, as vLLM's detokenizer does (`detokenize_incrementally`): each token's
+    text is what a small window — the tokens since the last emitted text's start, at most a few — adds,
+    and a token that leaves a character unfinished gets "" (the character goes to the token completing
+    it). O(n) decoding of short windows; an unfinished character at the end goes to the last token.
     """
     ids = [int(i) for i in ids]
     texts = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True,
                                    clean_up_tokenization_spaces=False)
     if not any("\ufffd" in t for t in texts):
         return texts
-    out, prev = [], ""
+
+    def decode(a: int, b: int) -> str:
+        return tokenizer.decode(ids[a:b], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    out: list[str] = []
+    prefix = read = 0  # ids[prefix:read]: the last emitted text's tokens (look-back context); read: emitted up to
     for k in range(len(ids)):
-        cur = tokenizer.decode(ids[:k + 1], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        out.append(cur[len(prev):] if cur.startswith(prev) else cur)
-        prev = cur
+        before, now = decode(prefix, read), decode(prefix, k + 1)
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            out.append(now[len(before):])
+            prefix, read = read, k + 1
+        else:
+            out.append("")
+    if out and read < len(ids):  # the response ends inside a character
+        out[-1] += decode(prefix, len(ids))[len(decode(prefix, read)):]
     return out
 
 

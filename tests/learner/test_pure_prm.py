@@ -146,3 +146,70 @@ def test_a_step_scorer_function_is_a_prm(tmp_path):
     bad = make_prm(make_cfg("pure", pure={"prm": f"{plugin}:three"}), torch.device("cpu"))
     with pytest.raises(ValueError, match="returned 3 scores for 2 steps"):
         bad.score_steps("ab", "x\nskip\nyz", [(0, 1), (2, 6)])
+
+
+def _byte_level_tokenizer():
+    """A byte-level BPE tokenizer (GPT-2/Qwen style) trained on ASCII only: every non-ASCII character is
+    split into its UTF-8 bytes, one token each, so "∑" is three tokens that decode alone to "\\ufffd"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["step one: 2 + 2 = 4\n\nstep two: done"] * 10, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+class _CountingTokenizer:
+    """Counts the tokens every decode call is given (the work of `token_texts`)."""
+
+    def __init__(self, inner):
+        self.inner, self.decoded = inner, 0
+
+    def batch_decode(self, seqs, **kw):
+        self.decoded += sum(len(s) for s in seqs)
+        return self.inner.batch_decode(seqs, **kw)
+
+    def decode(self, ids, **kw):
+        self.decoded += len(ids)
+        return self.inner.decode(ids, **kw)
+
+
+def test_token_texts_with_split_multibyte_characters_join_and_stay_linear():
+    """C9: a character split over byte-level tokens goes to the token that completes it (the tokens
+    before it get ""), the texts join to the decoded response, and decoding stays O(n): the old
+    prefix-by-prefix fallback decoded n²/2 tokens for such a row (and repeated the whole prefix in its
+    output after each split character)."""
+    tok = _byte_level_tokenizer()
+    text = "so ∑ x ≤ 4 → done\n\nok é"
+    ids = _ids(tok, text)
+    texts = token_texts(tok, ids)
+    assert "".join(texts) == tok.decode(ids, skip_special_tokens=True) == text
+    assert texts[:7] == ["s", "o", " ", "", "", "∑", " "] and texts[-1] == ""  # eos decodes to ""
+    assert texts == token_texts(tok, ids[:-1]) + [""]
+    ascii_ids = _ids(tok, "step one: 2 + 2 = 4")
+    assert token_texts(tok, ascii_ids) == tok.batch_decode([[i] for i in ascii_ids], skip_special_tokens=True)
+    cut = _ids(tok, "a ≤", eos=False)[:-1]  # cut inside "≤": the partial character ends the last token
+    assert "".join(token_texts(tok, cut)) == tok.decode(cut) == "a \ufffd"
+    long_ids = _ids(tok, "x ∑ " * 150)  # 751 tokens
+    counting = _CountingTokenizer(tok)
+    assert "".join(token_texts(counting, long_ids)) == "x ∑ " * 150
+    assert counting.decoded < 20 * len(long_ids)  # the old fallback: ~n²/2 = 282k tokens decoded
+
+
+def test_hf_prm_loads_tensor_by_tensor_onto_its_device_not_whole_through_host_ram(hf_prm_dir, monkeypatch):
+    """C8: the PRM is built on the meta device and filled from the safetensors files one tensor at a
+    time on its device; `from_pretrained` (a whole copy in host RAM per rank, then moved) is not used."""
+    from transformers import AutoModelForTokenClassification
+
+    reference = AutoModelForTokenClassification.from_pretrained(hf_prm_dir, dtype=torch.float32)
+    monkeypatch.setattr(AutoModelForTokenClassification, "from_pretrained",
+                        classmethod(lambda *a, **k: pytest.fail("loaded whole through host RAM")))
+    prm = HFTokenClassificationPRM(hf_prm_dir, device="cpu", dtype=torch.bfloat16)
+    got = prm.model.state_dict()
+    assert prm.model.dtype == torch.bfloat16 and not prm.model.training
+    for name, t in reference.state_dict().items():
+        assert torch.equal(got[name], t.to(torch.bfloat16)), name
+    assert all(p.device.type == "cpu" and not p.is_meta for p in prm.model.parameters())
