@@ -7,7 +7,9 @@ problem with a `PreflightError` whose message is one or two lines: the config ke
 It writes nothing. Checked, in order:
 
 - model.path: a directory with config.json (valid JSON), weights (*.safetensors / *.bin) and a tokenizer
-  that loads, has an eos token and a chat template (prompts are chat-formatted);
+  that loads, has an eos token and a chat template (prompts are chat-formatted); its context
+  (max_position_embeddings) holds data.max_prompt_tokens + rollout.max_response_tokens (every vLLM
+  engine would fail at start otherwise, after the learner has loaded);
 - the prompts: data.path / data.eval_path load whole (`tasks.loaders`: the file, line and field of a bad
   row), hold rows, and leave a training set after the held-out split; the synthetic task has enough
   distinct problems;
@@ -48,6 +50,7 @@ def preflight(cfg: RunConfig) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise PreflightError(f"model.path: the tokenizer in {path} has no chat template (prompts are "
                                  "chat-formatted) — set tokenizer.chat_template and save it")
+        check_context(cfg, path)
     train = check_prompts(cfg)
     if spec.needs_demonstrations and cfg.data.demos:
         check_demos(cfg, {r.question for r in train})
@@ -60,6 +63,19 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
                              "logging.wandb=false")
+
+
+def check_context(cfg: RunConfig, path: Path) -> None:
+    """The model's context (`max_position_embeddings` of its config.json) holds a prompt and a response."""
+    from launch.model_shape import ModelShape, context_problem
+
+    try:
+        shape = ModelShape.read(path)
+    except (KeyError, TypeError, ValueError):  # a config.json of another layout: vLLM checks at start
+        return
+    problem = context_problem(shape, cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens, f"the model {path}")
+    if problem:
+        raise PreflightError(problem)
 
 
 def check_hf_dir(key: str, path: Path):

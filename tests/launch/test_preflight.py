@@ -129,3 +129,20 @@ def test_the_built_in_model_with_a_users_data_warms_up_on_the_synthetic_task():
     assert (sft.data.task, sft.data.path) == ("arithmetic", None)
     # the same warm-up (cache key) as the synthetic task's run
     assert warmup_data(user).model_dump() == warmup_data(RunConfig()).model_dump()
+
+
+def test_a_users_model_whose_context_is_shorter_than_prompt_plus_response_is_refused(tmp_path):
+    """C10: Qwen2.5-Math-7B has a 4k context; 1024 + 4096 tokens per sequence would fail every vLLM engine
+    at start, after the learner has loaded. The preflight reads config.json and says what to lower."""
+    path = model_dir(tmp_path / "qwen_math")
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "vocab_size": 152064, "intermediate_size": 18944,
+        "max_position_embeddings": 4096}))
+    cfg = RunConfig(model={"path": str(path)}, data={"max_prompt_tokens": 1024},
+                    rollout={"max_response_tokens": 4096})
+    assert problem(cfg) == ("rollout.max_response_tokens: data.max_prompt_tokens + rollout.max_response_tokens = "
+                            f"5120 tokens, but the model {path} has a context of 4096 (max_position_embeddings) — "
+                            "lower them to fit (e.g. --set rollout.max_response_tokens=3072)")
+    assert preflight(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_response_tokens": 3072})})) \
+        is None
