@@ -57,6 +57,17 @@ def warmup_data(cfg: RunConfig) -> DataConfig:
                                deep=True)
 
 
+def base_model_dir(cfg: RunConfig) -> Path:
+    """The built-in tiny model before its warm-up (random weights, the run's architecture), cached."""
+    from tasks import build_tiny_model
+
+    t = cfg.model.tiny
+    key = _key({"tiny": t.model_dump(), "seed": cfg.seed})
+    return build_tiny_model(Path(cfg.model.cache_dir) / f"tiny-{key}", seed=cfg.seed, hidden_size=t.hidden_size,
+                            num_heads=t.num_heads, num_layers=t.num_layers, intermediate_size=t.intermediate_size,
+                            max_position_embeddings=t.max_position_embeddings)
+
+
 def prepare_model(cfg: RunConfig, log=print) -> Path:
     """Directory of the starting policy: `model.path`, or the cached SFT-warmed tiny model."""
     if cfg.model.path is not None:
@@ -65,18 +76,15 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
             raise FileNotFoundError(f"model.path: {path} is not an HF model directory (no config.json)")
         return path
     from configs.loading import resolve
-    from tasks import build_tiny_model, demonstration_records, make_splits
+    from tasks import demonstration_records, make_splits
 
     if cfg.data.task == "file":
         log("[model] the built-in tiny model (a character tokenizer, warmed up on the synthetic arithmetic task) "
             "will score near 0 on your data — pass --model DIR for a real model")
 
-    t = cfg.model.tiny
-    base_key = _key({"tiny": t.model_dump(), "seed": cfg.seed})
+    init = base_model_dir(cfg)
+    base_key = init.name.removeprefix("tiny-")
     root = Path(cfg.model.cache_dir)
-    init = build_tiny_model(root / f"tiny-{base_key}", seed=cfg.seed, hidden_size=t.hidden_size,
-                            num_heads=t.num_heads, num_layers=t.num_layers, intermediate_size=t.intermediate_size,
-                            max_position_embeddings=t.max_position_embeddings)
     if cfg.model.sft_warmup_steps == 0:
         return init
     # constant LR after a short warm-up: a cosine decay over so few steps leaves the model far weaker
