@@ -81,6 +81,8 @@ def option_section(options: type) -> type[Section]:
 
 def __getattr__(name: str):
     """A generated section asked for before `configs.schema` built it (an unpickler in a fresh process)."""
+    if name.startswith("__"):  # `from configs.base import X` asks for __path__: never build the schema for it
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import configs.schema  # noqa: F401  (builds every algorithm's section)
 
     if name in globals():
