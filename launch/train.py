@@ -13,6 +13,7 @@ from configs.loading import ConfigError, dump_annotated
 from configs.schema import RunConfig
 from launch.cluster import ClusterInfo
 from launch.console import quiet_env
+from launch.memory_estimate import start_lines
 from launch.preflight import PreflightError, preflight
 from launch.progress import Progress
 from launch.resources import ResourceError, plan
@@ -111,6 +112,8 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None)
     progress.message(f"[run] {cluster.describe()}")
     progress.message(f"[run] {cfg.algo}: {cfg.rollout.num_actors} actor(s), {cfg.learner.world_size} learner "
                      f"rank(s), max_staleness {cfg.buffer.max_staleness}, {cfg.learner.steps} steps -> {run_dir}")
+    for line in start_lines(cfg):  # GPU runs: weight sync of shared GPUs, the learner memory estimate
+        progress.message(line)
     for line in resume_lines(resume, run_dir) if resume is not None else ():
         progress.message(line)
     from launch.supervisor import supervise

@@ -1,0 +1,114 @@
+"""What a GPU run's learner ranks will need, estimated from the model's config.json before anything starts.
+
+The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per rank, bytes:
+
+    sharded state      16 × P / world        fp32 parameters, fp32 gradients, AdamW m and v
+    root unit          R × d                 embedding + lm_head unsharded in the compute dtype (R: their
+                                             parameters, once when tied), held through forward and backward
+    root gradients     R × (d + 4)           their gradients in d plus the fp32 reduce-scatter copy
+    prefetched layers  2 × L × d             two decoder layers unsharded (L: one layer's parameters)
+    layer inputs       T × layers × h × d    what activation checkpointing keeps (T: micro-batch tokens);
+                                             without it T × layers × A
+    one layer          T × A                 A = (4h + 2 × MLP width) × d: one layer's activations while it
+                                             runs (recompute); ~0.1 MB per token for Qwen2.5-7B
+    log-prob head      4 × C × V × 4         fp32 logits of one chunk (C tokens × vocabulary), 4 buffers live
+    reference model    P × d / world + R × d with loss.kl_coef > 0
+    PURE's HF PRM      P_prm × d             a whole copy per rank (pure.prm=hf)
+  rank 0 only:
+    push payload       P × d                 the serving-dtype weights of the version in flight
+    delta baseline     P × d                 weight_sync.mode=delta
+    send buffers       2 × max(bucket, largest tensor)
+
+d = bytes of model.dtype, h = hidden size, V = vocabulary. Not counted: PRIME's trainable PRM, CUDA and
+NCCL workspaces, allocator fragmentation. Qwen2.5-7B on 8 ranks, 16 k-token micro-batches, chunk 4096,
+full pushes: rank 0 ≈ 57 GB (tests/launch/test_memory_estimate.py works it out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from configs.schema import RunConfig
+from launch.model_shape import DTYPE_BYTES, ModelShape
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    """(what, bytes) on every rank, and on rank 0 only."""
+
+    every_rank: tuple[tuple[str, float], ...]
+    rank0_only: tuple[tuple[str, float], ...]
+
+    def total(self, rank0: bool) -> float:
+        return sum(b for _, b in self.every_rank) + (sum(b for _, b in self.rank0_only) if rank0 else 0.0)
+
+
+def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: int, checkpointing: bool,
+                   dtype_bytes: int = 2, delta: bool = False, reference: bool = False, prm_parameters: int = 0,
+                   bucket_bytes: float = 256 * 2**20) -> LearnerMemory:
+    """The module docstring's budget for one rank (pure arithmetic)."""
+    p, d, h = shape.parameters(), dtype_bytes, shape.hidden
+    root = shape.vocab * h * (1 if shape.tied else 2)
+    layer = (p - root - h) / shape.layers
+    one_layer = (4 * h + 2 * shape.intermediate) * d
+    kept = shape.layers * h * d if checkpointing else shape.layers * one_layer
+    every = [("fp32 state", 16 * p / world), ("embedding/head", root * d), ("their grads", root * (d + 4)),
+             ("2 layers", 2 * layer * d), ("activations", tokens * (kept + one_layer)),
+             ("log-prob head", 4 * chunk_tokens * shape.vocab * 4)]
+    if reference:
+        every.append(("reference", p * d / world + root * d))
+    if prm_parameters:
+        every.append(("HF PRM", prm_parameters * d))
+    rank0 = [("push payload", p * d)] + ([("delta baseline", p * d)] if delta else [])
+    rank0.append(("send buffers", 2 * max(bucket_bytes, shape.vocab * h * d)))
+    return LearnerMemory(tuple(every), tuple(rank0))
+
+
+def micro_batch_tokens(cfg: RunConfig) -> int:
+    """Tokens of one micro-batch at most: the token cap, or the row cap × the longest sequence."""
+    lc = cfg.learner
+    rows = lc.micro_batch_samples * (cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
+    cap = lc.resolved_micro_batch_tokens(gpu=True)
+    return min(rows, cap) if cap else rows
+
+
+def estimate_line(cfg: RunConfig, shape: ModelShape, prm_parameters: int = 0) -> str:
+    """The start line of a resolved GPU run: rank 0 and the other ranks, then the items (GB)."""
+    lc = cfg.learner
+    ac = lc.activation_checkpointing
+    tokens, chunk = micro_batch_tokens(cfg), lc.resolved_logprob_chunk_tokens(gpu=True)
+    m = learner_memory(shape, world=lc.world_size, tokens=tokens, chunk_tokens=chunk,
+                       checkpointing=True if ac == "auto" else bool(ac),
+                       dtype_bytes=DTYPE_BYTES[cfg.model.resolved_dtype(gpu=True)],
+                       delta=cfg.weight_sync.mode == "delta", reference=cfg.loss.kl_coef > 0,
+                       prm_parameters=prm_parameters, bucket_bytes=cfg.weight_sync.bucket_mb * 2**20)
+    items = ", ".join(f"{k} {b / GB:.1f}" for k, b in m.every_rank + m.rank0_only)
+    others = f", other ranks ≈ {m.total(False) / GB:.1f} GB" if lc.world_size > 1 else ""
+    return (f"[run] learner memory per rank (estimate): rank 0 ≈ {m.total(True) / GB:.1f} GB{others} — {items} GB "
+            f"({tokens:,}-token micro-batches, log-prob chunk {chunk:,}; lower learner.micro_batch_tokens or "
+            "learner.logprob_chunk_tokens if that is near your GPU's memory)")
+
+
+def start_lines(cfg: RunConfig) -> list[str]:
+    """What a resolved run prints before it starts about its GPUs: the weight-sync choice when engines share
+    GPUs (`launch.resources.sharing_note`) and, for a GPU learner on a model with a readable config.json,
+    the memory estimate. Nothing for CPU runs or the built-in model."""
+    from launch.resources import sharing_note
+
+    lines = [line for line in [sharing_note(cfg)] if line]
+    if not cfg.learner.gpus_per_rank or cfg.model.path is None:
+        return lines
+    try:
+        shape = ModelShape.read(cfg.model.path)
+    except (OSError, KeyError, TypeError, ValueError):
+        return lines
+    prm = 0
+    options = getattr(cfg, "pure", None)
+    if cfg.algo == "pure" and getattr(options, "prm", None) == "hf" and getattr(options, "prm_path", None):
+        try:
+            prm = ModelShape.read(options.prm_path).parameters()
+        except (OSError, KeyError, TypeError, ValueError):
+            prm = 0
+    return lines + [estimate_line(cfg, shape, prm)]

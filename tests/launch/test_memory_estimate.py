@@ -1,0 +1,52 @@
+"""`launch.memory_estimate`: the learner memory budget of the GPU-path review's appendix (Qwen2.5-7B on 8
+ranks), worked out by hand, and the line a GPU run prints before it starts (none on CPU)."""
+
+import json
+
+import pytest
+
+from configs.loading import resolve
+from launch.memory_estimate import learner_memory, start_lines
+from launch.model_shape import ModelShape
+from launch.resources import Node, resolve_auto
+
+QWEN_7B = {"num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "vocab_size": 152064, "intermediate_size": 18944, "tie_word_embeddings": False,
+           "max_position_embeddings": 32768}
+
+
+def test_the_appendix_budget_of_qwen_7b_on_8_ranks():
+    shape = ModelShape.from_config(QWEN_7B)
+    p = 2 * 152064 * 3584 + 28 * 233_053_184 + 3584  # = 7_615_487_488 (q, k, v, o, MLP, 2 norms per layer)
+    root = 2 * 152064 * 3584  # embedding + lm_head = 1_089_994_752
+    m = learner_memory(shape, world=8, tokens=16384, chunk_tokens=4096, checkpointing=True)
+    items = dict(m.every_rank + m.rank0_only)
+    assert items["fp32 state"] == 16 * p / 8 == pytest.approx(15.23e9, rel=1e-3)  # appendix: 15.2 GB
+    assert items["embedding/head"] == root * 2 == pytest.approx(2.18e9, rel=1e-3)  # 2.2 GB
+    assert items["their grads"] == root * 6 == pytest.approx(6.54e9, rel=1e-3)  # 2.2 + 4.4 GB
+    assert items["2 layers"] == 2 * 233_053_184 * 2  # 0.93 GB (0.5-1)
+    assert items["activations"] == 16384 * (28 * 3584 * 2 + (4 * 3584 + 2 * 18944) * 2)  # 3.29 + 1.71 GB
+    assert items["log-prob head"] == 4 * 4096 * 152064 * 4 == pytest.approx(9.97e9, rel=1e-3)  # 7.5-10 GB
+    assert items["push payload"] == p * 2 and items["send buffers"] == 2 * 152064 * 3584 * 2  # 15.2, 2.2 GB
+    assert m.total(rank0=True) == pytest.approx(57.3e9, rel=2e-3)  # appendix: ≈ 57 GB (full mode)
+    assert m.total(rank0=True) - m.total(rank0=False) == pytest.approx(17.4e9, rel=2e-3)  # "≈ 15 GB less"
+    delta = learner_memory(shape, world=8, tokens=16384, chunk_tokens=4096, checkpointing=True, delta=True)
+    assert delta.total(rank0=True) == pytest.approx(72.5e9, rel=2e-3)  # appendix: ≈ 72 GB
+    gpu_default = learner_memory(shape, world=8, tokens=16384, chunk_tokens=1024, checkpointing=True)
+    assert m.total(True) - gpu_default.total(True) == 3 * 4 * 1024 * 152064 * 4  # the 1024 chunk saves 7.5 GB
+    with_prm = learner_memory(shape, world=8, tokens=16384, chunk_tokens=4096, checkpointing=True, prm_parameters=p)
+    assert with_prm.total(True) > 72e9  # + a whole 7B PRM per rank: over an 80 GB GPU's budget
+
+
+def test_a_gpu_run_prints_its_estimate_and_a_cpu_run_nothing(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+    cfg = resolve("grpo", overrides=[f"model.path={tmp_path}", "learner.world_size=8", "learner.batch_prompts=8"])
+    gpu = resolve_auto(cfg, [Node("g", 96, 16, 1000)])
+    (line,) = start_lines(gpu)
+    assert line.startswith("[run] learner memory per rank (estimate): rank 0 ≈ ")
+    assert "(12,288-token micro-batches, log-prob chunk 1,024;" in line  # 32 rows × 384 < the 16,384 cap
+    assert start_lines(resolve_auto(cfg, [Node("m", 2, 0, 24)])) == []
+    shared = resolve_auto(resolve("grpo", overrides=["rollout.gpus_per_actor=0.5",
+                                                     "rollout.engine.gpu_memory_utilization=0.4"]),
+                          [Node("g", 96, 8, 1000)])
+    assert start_lines(shared)[0].startswith("[run] weight sync over gloo")  # A2's note; built-in model: no estimate
