@@ -310,6 +310,10 @@ class WeightSyncConfig(Section):
                               "weight-sync group is (re)built, e.g. after an actor restart)")
     bucket_mb: float = Field(256.0, gt=0, description="packed bucket size, MiB")
     deadline_s: float = Field(60.0, gt=0, description="every collective must finish within this, seconds")
+    min_gbps: float = Field(
+        0.1, gt=0, description="slowest learner → actor bandwidth a push is allowed, GB/s (10^9 bytes a second, like "
+                               "the push stats' gbps): an NCCL push, one broadcast, must finish within deadline_s + its "
+                               "bytes / this (0.1 ≈ a 1 GbE link: 7B in bf16, 15.2 GB, gets 60 + 152 s)")
     connect_timeout_s: float = Field(300.0, gt=0, description="the weight-sync rendezvous must finish within this, s")
     clear_cache: bool = Field(
         True, description="drop the engines' KV/prefix cache at each push. true: requests in flight are re-prefilled "

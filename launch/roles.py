@@ -138,7 +138,7 @@ class LearnerRank:
                                    bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s,
                                    connect_timeout_s=ws.connect_timeout_s, backend=ws.backend,
                                    tp=engine.tensor_parallel_size,
-                                   mode=ws.mode, full_every=ws.full_every)
+                                   mode=ws.mode, full_every=ws.full_every, min_gbps=ws.min_gbps)
         return self.sender.address
 
     def connect_sender(self) -> None:

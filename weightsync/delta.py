@@ -14,16 +14,22 @@ NaN-safe: an unchanged NaN is not sent, a 0.0 -> -0.0 flip is) and the new value
 with nothing changed are left out. A push is dense instead in mode "full", on pushes 1, 1 + K,
 1 + 2K, ... of a sender (K = ``full_every``; push 1 covers actor restarts: every restart makes a new
 sender, and nothing is known about what a new receiver holds), and when the set of names, shapes or
-dtypes changed. The receivers apply patches to their copy of the last dense push (``apply_patch``;
+dtypes changed, and when the delta would not be smaller than the dense push (``DeltaEncoder``:
+over about a third of the bf16 elements changed on NCCL, a half on gloo). The receivers apply patches to their copy of the last dense push (``apply_patch``;
 the gloo engine's mirror) or in place (vLLM's sparse NCCL engine).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
+
 import torch
 
 from weightsync.packing import Patch
 from weightsync.plane import Payload
+
+logger = logging.getLogger(__name__)
 
 MODES = ("full", "delta")
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -60,37 +66,76 @@ def apply_patch(target: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
     flat[indices.long()] = values
 
 
+def int32_patch_nbytes(changed: int, numel: int, itemsize: int) -> int:
+    """Wire bytes of a patch of ``changed`` elements in vLLM's sparse NCCL format: an int32 index and
+    the value per changed element (``numel``, the tensor's size, does not matter)."""
+    return changed * (4 + itemsize)
+
+
+# PatchCost(changed elements, tensor numel, itemsize) -> wire bytes of that tensor's patch
+PatchCost = Callable[[int, int, int], int]
+
+
 class DeltaEncoder:
     """Decides dense or delta for each push and builds its ``Payload`` (module docstring). Keeps the
-    baseline only in mode "delta": the tensors given to ``encode`` themselves, not copies, so they must
-    not be modified afterwards (the learner's gatherer yields new tensors)."""
+    baseline only in mode "delta": the tensors given to ``encode`` (or their staged copies), so they
+    must not be modified afterwards (the learner's gatherer yields new tensors).
 
-    def __init__(self, mode: str = "full", full_every: int = 10):
+    Dense fallback: a delta is sent dense instead when its patches would take at least as many wire
+    bytes as the dense push (``patch_cost``, the data plane's patch format, against numel x itemsize
+    per tensor). Per changed element of itemsize s: vLLM's sparse NCCL path sends 4 + s bytes
+    (``int32_patch_nbytes``), so with s = 2 (bf16) a delta of more than 2 / 6 = 1/3 of the elements is
+    larger than the 2 B per element of a dense push (1/2 for fp32: 4 / 8); the gloo plane sends 2 + s
+    bytes plus an int32 count per 65536-element block (``weightsync.packing``), so bf16 breaks even at
+    (2 - 4/65536) / 4, just under 1/2 (fp32: 2/3). Past that point a delta costs more bytes, and on
+    vLLM's sparse receiver far more memory (every patch is allocated before any is applied, then a
+    full-shape tensor per patch), so early steps or a large learning rate fall back to dense."""
+
+    def __init__(self, mode: str = "full", full_every: int = 10, patch_cost: PatchCost = int32_patch_nbytes):
         if mode not in MODES:
             raise ValueError(f"weight_sync.mode must be one of {MODES}, got {mode!r}")
         if full_every < 1:
             raise ValueError(f"weight_sync.full_every must be >= 1 (pushes between dense pushes), got {full_every}")
         self.mode, self.full_every = mode, int(full_every)
+        self.patch_cost = patch_cost
         self.baseline: dict[str, torch.Tensor] | None = None
 
-    def encode(self, named: list[tuple[str, torch.Tensor]], version: int, seq: int) -> Payload:
-        """The payload of push ``seq`` (1, 2, ... per sender) of the wire-dtype tensors ``named``."""
-        new = dict(named)
-        if len(new) != len(named):
-            raise ValueError("a parameter name appears twice in one push")
+    def encode(self, named: Iterable[tuple[str, torch.Tensor]], version: int, seq: int,
+               stage: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Payload:
+        """The payload of push ``seq`` (1, 2, ... per sender) of the wire-dtype tensors ``named``,
+        consumed one at a time: each is diffed against its baseline on its own device (the baseline is
+        copied there for that), then what the payload and the next baseline keep of it is passed
+        through ``stage`` (``weightsync.staging.HostStager``: pinned host copies; default: kept as is)."""
+        stage = stage or (lambda t: t)
         base = self.baseline
-        dense = (self.mode == "full" or base is None or (seq - 1) % self.full_every == 0
-                 or {n: (t.shape, t.dtype) for n, t in base.items()} != {n: (t.shape, t.dtype) for n, t in named})
-        if dense:
-            payload = Payload(version, seq, full=list(named))
-        else:
-            patches, changed = [], 0
-            for name, t in named:
-                idx, values = diff(base[name], t)
+        dense = self.mode == "full" or base is None or (seq - 1) % self.full_every == 0
+        kept: dict[str, torch.Tensor] = {}
+        patches: list[Patch] = []
+        changed = numel = dense_bytes = patch_bytes = 0
+        for name, t in named:
+            if name in kept:
+                raise ValueError(f"parameter {name!r} appears twice in one push")
+            old = None if dense else base.get(name)
+            if not dense and (old is None or old.shape != t.shape or old.dtype != t.dtype):
+                dense, patches = True, []  # a name, shape or dtype changed: send everything
+            if not dense:
+                idx, values = diff(old.to(t.device, non_blocking=True), t)
                 if idx.numel():
-                    patches.append(Patch(name, idx, values, tuple(t.shape)))
+                    patches.append(Patch(name, stage(idx), stage(values), tuple(t.shape)))
                     changed += idx.numel()
-            payload = Payload(version, seq, patches=patches,
-                              changed_frac=changed / max(1, sum(t.numel() for _, t in named)))
-        self.baseline = new if self.mode == "delta" else None  # only once the payload exists
+                    patch_bytes += self.patch_cost(idx.numel(), t.numel(), t.element_size())
+            kept[name] = stage(t)
+            numel += t.numel()
+            dense_bytes += t.numel() * t.element_size()
+        if not dense and set(base) != set(kept):
+            dense = True  # a parameter disappeared
+        if not dense and patch_bytes and patch_bytes >= dense_bytes:
+            logger.info("push #%d: the delta changes %.1f%% of the elements (%d patch bytes >= %d dense): "
+                        "sent dense", seq, 100 * changed / max(1, numel), patch_bytes, dense_bytes)
+            dense = True
+        if dense:
+            payload = Payload(version, seq, full=list(kept.items()))
+        else:
+            payload = Payload(version, seq, patches=patches, changed_frac=changed / max(1, numel))
+        self.baseline = kept if self.mode == "delta" else None  # only once the payload exists
         return payload

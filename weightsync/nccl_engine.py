@@ -105,6 +105,7 @@ class ImpalaNcclUpdateInfo(WeightTransferUpdateInfo):
     dtype_names: list[str]
     shapes: list[list[int]]
     num_updates_list: list[int] | None = None
+    deadline_s: float | None = None  # the sender's deadline of this push (None: the init's timeout_s)
 
     def __post_init__(self) -> None:
         if self.kind not in (KIND_FULL, KIND_DELTA):
@@ -197,7 +198,7 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
         info = self.parse_update_info(update_info)
         self._require_communicator()
         try:
-            self._watched(info.seq, lambda: self.receive_weights(info))
+            self._watched(info.seq, lambda: self.receive_weights(info), info.deadline_s)
         except BaseException:
             self._abandon_reload()
             raise
@@ -222,13 +223,14 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
             raise RuntimeError("impala_nccl weight transfer not initialised, or aborted by a failed push: "
                                "call init_weight_transfer_engine first")
 
-    def _watched(self, seq: int, receive) -> None:
+    def _watched(self, seq: int, receive, deadline_s: float | None = None) -> None:
         """Run ``receive`` while a watcher thread destroys the communicator when the sender aborts
-        push ``seq`` (its abort key) or the push outlives ``timeout_s + RECEIVER_GRACE_S``; NCCL then
+        push ``seq`` (its abort key) or the push outlives its ``deadline_s`` (the sender's, which grows with
+        the push's bytes; default ``timeout_s``) + ``RECEIVER_GRACE_S``; NCCL then
         ends the stuck kernels and ``receive`` returns or raises. Raises ``WeightSyncError`` whenever
         the watcher fired (what was received is not trusted)."""
         probe = abort_probe(self._store, seq)
-        limit = self._info.timeout_s + RECEIVER_GRACE_S
+        limit = (deadline_s or self._info.timeout_s) + RECEIVER_GRACE_S
         deadline = time.monotonic() + limit
         stop = threading.Event()
         fired: list[str] = []

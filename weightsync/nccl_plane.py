@@ -13,7 +13,8 @@ What is vLLM's and what is ours:
   ``StatelessProcessGroup`` and wait for a broadcast without a deadline.
 
 Deadlines: every blocking NCCL call (the rendezvous, a push) runs on a daemon thread while the caller
-waits with the deadline. On expiry the caller destroys the communicator (vLLM's ``destroy``:
+waits with the deadline (a push's: ``timeout_s`` + its bytes / ``min_gbps``, also sent to the
+receivers in its update info). On expiry the caller destroys the communicator (vLLM's ``destroy``:
 ``ncclCommAbort``, which ends the stuck kernels) and raises ``WeightSyncError``; the thread is
 abandoned, never joined, so a stalled peer never blocks the learner. The control plane then marks
 the receivers that did not acknowledge as dead, and the next generation (fresh ``init_info`` with a
@@ -37,9 +38,11 @@ from typing import Protocol, TypeVar
 import torch
 
 from weightsync.backends import NCCL_ENGINE_BACKEND
+from weightsync.delta import int32_patch_nbytes
 from weightsync.packing import Patch
-from weightsync.plane import Payload, PlaneContext
+from weightsync.plane import DEFAULT_MIN_GBPS, Payload, PlaneContext, push_deadline_s
 from weightsync.protocol import WeightSyncError
+from weightsync.staging import CUDA, CudaOps, send_stream, using
 
 NCCL_UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId) (vLLM: pynccl_wrapper.NCCL_UNIQUE_ID_BYTES)
 KIND_FULL, KIND_DELTA = "full", "delta"
@@ -203,11 +206,6 @@ def on_device(device: torch.device | None):
     return torch.accelerator.device_index(device.index)
 
 
-def _drain(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-
-
 def broadcast_full(comm: Communicator, named: Iterable[tuple[str, torch.Tensor]], buffer_bytes: int,
                    num_buffers: int) -> None:
     """Dense push through vLLM's ``packed_nccl_broadcast_producer`` from rank 0 (it drains its own
@@ -220,17 +218,25 @@ def broadcast_full(comm: Communicator, named: Iterable[tuple[str, torch.Tensor]]
         buffer_size_bytes=buffer_bytes, num_buffers=num_buffers)
 
 
-def broadcast_patches(comm: Communicator, patches: Iterable[Patch]) -> None:
+def broadcast_patches(comm: Communicator, patches: Iterable[Patch], ready=None, ops: CudaOps = CUDA) -> None:
     """Delta push: per patch, its indices then its values, from rank 0 (the order vLLM's sparse
-    engine receives them in), then wait until the stream has drained."""
+    engine receives them in). On CUDA every copy to the device and every broadcast runs on the
+    dedicated "send" stream (``weightsync.staging``), which first waits for the staging event
+    ``ready``; then only that stream is synchronised. Never the default stream: rank 0 trains on it
+    meanwhile, and NCCL kernels queued there would stall the training until every engine joined."""
     device = comm.device
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    stream = send_stream(device, ops)
+    if stream is not None and ready is not None:
+        ops.wait_event(stream, ready)
     held = []  # keep device copies alive until the stream has drained
-    for p in patches:
-        for t in (p.indices.to(device), p.values.to(device)):
-            held.append(t)
-            comm.broadcast(t, src=0, stream=stream)
-    _drain(device)
+    with using(stream, ops):
+        for p in patches:
+            for t in (p.indices, p.values):
+                t = t.to(device) if stream is None else ops.to_device(t, device)
+                held.append(t)
+                comm.broadcast(t, src=0, stream=stream)
+    if stream is not None:
+        ops.synchronize(stream)
 
 
 # ---------------------------------------------------------------------------- deadline
@@ -302,11 +308,13 @@ class NcclPlane:
 
     backend = "nccl"
     engine_backend = NCCL_ENGINE_BACKEND
+    patch_cost = staticmethod(int32_patch_nbytes)  # vLLM's sparse format: the delta's dense fallback
 
     def __init__(self, num_receivers: int, tp: int = 1,
                  packed_buffer_bytes: int = DEFAULT_PACKED_BUFFER_BYTES, num_buffers: int = DEFAULT_NUM_BUFFERS,
                  *, control: dict | None = None, communicator_factory: CommunicatorFactory | None = None,
-                 mint_uid: Callable[[], bytes] = mint_unique_id):
+                 mint_uid: Callable[[], bytes] = mint_unique_id, min_gbps: float = DEFAULT_MIN_GBPS,
+                 ops: CudaOps = CUDA):
         self.world_size = group_world_size(num_receivers, tp)
         if packed_buffer_bytes < 1 or num_buffers < 1:
             raise ValueError(f"need packed_buffer_bytes >= 1 and num_buffers >= 1, got {packed_buffer_bytes} "
@@ -318,12 +326,15 @@ class NcclPlane:
         self._mint = mint_uid
         self._uid: bytes | None = None  # minted for the generation being set up, consumed by connect
         self._comm: Communicator | None = None
+        if min_gbps <= 0:
+            raise ValueError(f"weight_sync.min_gbps must be > 0, got {min_gbps}")
+        self.min_gbps, self._ops = float(min_gbps), ops
 
     @classmethod
     def for_sender(cls, ctx: PlaneContext) -> NcclPlane:
         return cls(ctx.num_receivers, ctx.tp, packed_buffer_bytes=ctx.bucket_bytes, control={
             "host": ctx.host, "port": ctx.port, "prefix": ctx.prefix, "timeout_s": ctx.timeout_s,
-            "connect_timeout_s": ctx.connect_timeout_s})
+            "connect_timeout_s": ctx.connect_timeout_s}, min_gbps=ctx.min_gbps)
 
     def init_info(self, rank: int) -> dict:
         if self._uid is None:
@@ -348,24 +359,29 @@ class NcclPlane:
             on_late=lambda comm: comm.destroy())
 
     def update_info(self, payload: Payload) -> dict:
-        return nccl_update_info(payload)
+        """``nccl_update_info`` plus the push's ``deadline_s`` (``plane.push_deadline_s``), which the
+        receivers watch it for (and a grace) instead of their init's ``timeout_s``."""
+        nbytes = send_stats(payload, self.packed_buffer_bytes)["bytes"]
+        return {**nccl_update_info(payload), "deadline_s": push_deadline_s(
+            float(self.control.get("timeout_s", 60.0)), nbytes, self.min_gbps)}
 
     def send(self, payload: Payload, timeout_s: float) -> dict:
         comm = self._comm
         if comm is None:
             raise WeightSyncError("NCCL plane not connected (or aborted by an earlier failure): re-init it")
         stats = send_stats(payload, self.packed_buffer_bytes)
-        _drain(comm.device)  # the caller's stream produced the tensors; the send runs on other streams
+        deadline_s = push_deadline_s(timeout_s, stats["bytes"], self.min_gbps)
 
         def transmit() -> None:
             with on_device(comm.device):
-                if payload.full is not None:
+                if payload.full is not None:  # vLLM's producer reads the host copies on its own streams
+                    payload.wait_ready()
                     broadcast_full(comm, payload.full, self.packed_buffer_bytes, self.num_buffers)
                 else:
-                    broadcast_patches(comm, payload.patches)
+                    broadcast_patches(comm, payload.patches, payload.ready, self._ops)
 
         try:
-            call_with_deadline(transmit, timeout_s,
+            call_with_deadline(transmit, deadline_s,
                                f"NCCL broadcast of version {payload.version} (push #{payload.seq})",
                                cancelled=lambda: None if self._comm is comm else "was aborted")
         except WeightSyncError as e:

@@ -14,7 +14,8 @@ prefix) before that receiver is admitted, and the receiver passes it unchanged a
 ``update_info(payload)`` is published with the push announcement and the receiver passes
 ``{"version", "seq", **update_info}`` to ``update_weights``; ``send`` must honour its deadline and
 raise ``WeightSyncError`` past it (never hang); ``abort`` destroys the group and is idempotent.
-``send`` runs on whatever thread calls ``WeightSender.send`` (possibly a background one while the
+``send`` must ``payload.wait_ready()`` before reading the payload's tensors (staged host copies on a
+CUDA learner, ``weightsync.staging``). ``send`` runs on whatever thread calls ``WeightSender.send`` (possibly a background one while the
 learner's thread runs FSDP collectives): a plane must never use the default process group.
 """
 
@@ -32,8 +33,18 @@ import torch.distributed as dist
 
 from weightsync.backends import GLOO_ENGINE_BACKEND
 from weightsync.gloo_group import new_gloo_group, send_bucket
-from weightsync.packing import Bucket, Patch, pack_buckets, pack_patch_buckets
+from weightsync.packing import PATCH_BLOCK, Bucket, Patch, pack_buckets, pack_patch_buckets, patch_nbytes
 from weightsync.protocol import WeightSyncError
+from weightsync.staging import wait_ready
+
+DEFAULT_MIN_GBPS = 0.1  # weight_sync.min_gbps's default: 10^8 bytes/s, about a 1 GbE link
+
+
+def push_deadline_s(timeout_s: float, nbytes: int, min_gbps: float) -> float:
+    """Deadline of a plane's whole push (NCCL's; gloo's is per bucket): ``timeout_s`` (every engine's
+    pause, the broadcast's start) plus the time ``nbytes`` take at ``min_gbps`` GB/s (10^9 bytes a
+    second), the slowest link the run allows for (``weight_sync.min_gbps``)."""
+    return float(timeout_s) + nbytes / (min_gbps * 1e9)
 
 
 @dataclass
@@ -46,6 +57,11 @@ class Payload:
     full: list[tuple[str, torch.Tensor]] | None = None
     patches: list[Patch] | None = None
     changed_frac: float = 1.0  # changed elements / all elements (1.0 for a dense push)
+    ready: object | None = None  # staging event (``weightsync.staging``): the tensors are valid once it completed
+
+    def wait_ready(self) -> None:
+        """Block until the staged tensors are valid (a no-op when nothing was staged: CPU runs)."""
+        wait_ready(self.ready)
 
     def __post_init__(self) -> None:
         if (self.full is None) == (self.patches is None):
@@ -70,6 +86,7 @@ class PlaneContext:
     timeout_s: float  # deadline of one push's transfer
     connect_timeout_s: float  # deadline of the rendezvous
     mirror: bool  # delta mode: the engines keep the last dense push and apply patches to it
+    min_gbps: float = DEFAULT_MIN_GBPS  # planes with one deadline per push add bytes / this (GB/s) to it
 
 
 class SenderPlane(Protocol):
@@ -91,6 +108,14 @@ class SenderPlane(Protocol):
 
     def abort(self) -> None: ...
 
+    # optional: ``patch_cost(changed, numel, itemsize)``, the wire bytes of one tensor's patch (the delta
+    # encoder's dense fallback; default: ``weightsync.delta.int32_patch_nbytes``, vLLM's sparse format)
+
+
+def gloo_patch_cost(changed: int, numel: int, itemsize: int) -> int:
+    """Wire bytes of one tensor's patch on the gloo plane (``weightsync.packing``'s patch buckets)."""
+    return patch_nbytes(changed, itemsize, -(-numel // PATCH_BLOCK))
+
 
 class GlooPlane:
     """Rank 0 of a gloo group with the receivers' transfer engines (ranks 1..N), built over the
@@ -102,6 +127,7 @@ class GlooPlane:
 
     backend = "gloo"
     engine_backend = GLOO_ENGINE_BACKEND
+    patch_cost = staticmethod(gloo_patch_cost)
 
     def __init__(self, store: dist.Store, address: tuple[str, int], prefix: str, num_receivers: int, *,
                  bucket_bytes: int, timeout_s: float, connect_timeout_s: float, mirror: bool):
@@ -134,6 +160,7 @@ class GlooPlane:
     def send(self, payload: Payload, timeout_s: float) -> dict:
         if self._pg is None:
             raise WeightSyncError("gloo plane not connected (or aborted after a failure)")
+        payload.wait_ready()
         if payload.full is not None:
             buckets = pack_buckets(payload.full, self.bucket_bytes, version=payload.version, seq=payload.seq)
         else:

@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 from weightsync import backends
-from weightsync.delta import DeltaEncoder
-from weightsync.plane import Payload, PlaneContext, SenderPlane
+from weightsync.delta import DeltaEncoder, int32_patch_nbytes
+from weightsync.plane import DEFAULT_MIN_GBPS, Payload, PlaneContext, SenderPlane
 from weightsync.protocol import (
     LOOPBACK,
     TICKETS,
@@ -70,6 +70,7 @@ from weightsync.protocol import (
     set_json,
 )
 from weightsync.push_outcome import name_suspects, wait_acks
+from weightsync.staging import HostStager
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,9 @@ class WeightSender:
     acknowledgements. ``cast_dtype``: floating tensors are cast to it in ``prepare`` (None: sent as
     given; the learner's gatherer already yields the serving dtype). ``mode``: "full" (every push
     dense) or "delta" (``weightsync.delta``: changed elements only, dense every ``full_every`` pushes
-    and on the first; costs one copy of the weights in the wire dtype on this rank, and on each gloo
-    receiver).
+    and on the first, and whenever the delta would not be smaller; costs one copy of the weights in
+    the wire dtype on this rank, in host memory, and on each gloo receiver). ``timeout_s`` also bounds
+    a whole NCCL push, plus its bytes / ``min_gbps`` (GB/s: 10^9 bytes a second).
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class WeightSender:
         tp: int = 1,
         mode: str = "full",
         full_every: int = 10,
+        min_gbps: float = DEFAULT_MIN_GBPS,
     ):
         if num_receivers < 1:
             raise ValueError(f"num_receivers must be >= 1, got {num_receivers}")
@@ -160,8 +163,10 @@ class WeightSender:
         if plane is None:  # an unknown name raises before anything is built on it
             plane = backends.plane_class(backend).for_sender(PlaneContext(
                 self._store, host, self._root.port, prefix, num_receivers, tp, bucket_bytes=bucket_bytes,
-                timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s, mirror=mode == "delta"))
+                timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s, mirror=mode == "delta",
+                min_gbps=min_gbps))
         self.plane: SenderPlane = plane
+        self._delta.patch_cost = getattr(plane, "patch_cost", int32_patch_nbytes)  # its dense fallback
         set_json(self._root, "config", {"world_size": num_receivers + 1, "timeout_s": self.timeout_s,
                                         "connect_timeout_s": self.connect_timeout_s, "nonce": self._nonce,
                                         "backend": self.plane.backend,
@@ -248,10 +253,14 @@ class WeightSender:
         """Consume ``named_tensors`` on this thread (the FSDP gather) and encode push ``version``: dense,
         or the patches against what every receiver holds (``weightsync.delta``). The tensors must be
         new (not views of live parameters): the payload keeps them, and in delta mode they become the
-        baseline of the next push. An error raised by the iterable propagates; nothing was announced
-        and the sender stays usable."""
-        named = [(name, wire_tensor(t, self.cast_dtype)) for name, t in named_tensors]
-        payload = self._delta.encode(named, int(version), self._prepared + 1)
+        baseline of the next push. What the payload and the baseline keep of a GPU tensor is staged in
+        pinned host memory as it arrives (``weightsync.staging``: nothing of a push stays on the GPU
+        through the next training step; CPU tensors are kept as they are). An error raised by the
+        iterable propagates; nothing was announced and the sender stays usable."""
+        stager = HostStager()
+        named = ((name, wire_tensor(t, self.cast_dtype)) for name, t in named_tensors)
+        payload = self._delta.encode(named, int(version), self._prepared + 1, stage=stager)
+        payload.ready = stager.done()
         self._prepared += 1
         return payload
 

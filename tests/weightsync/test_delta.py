@@ -6,6 +6,7 @@ import torch
 
 from weightsync import WeightSender
 from weightsync.delta import DeltaEncoder, apply_patch, diff
+from weightsync.plane import gloo_patch_cost
 
 BF16 = torch.bfloat16
 
@@ -78,11 +79,48 @@ def test_dense_and_delta_schedule():
 
 def test_payloads_are_sent_in_order():
     sender = WeightSender(1, token="d1" * 32, mode="delta", full_every=4)
-    first = sender.prepare([("w", torch.zeros(4))], version=0)
-    second = sender.prepare([("w", torch.ones(4))], version=1)
-    assert (first.mode, second.mode, second.changed_frac) == ("full", "delta", 1.0)
+    first = sender.prepare([("w", torch.zeros(1000))], version=0)
+    second = sender.prepare([("w", torch.zeros(1000).index_fill_(0, torch.tensor([7]), 1.0))], version=1)
+    assert (first.mode, second.mode, second.changed_frac) == ("full", "delta", 0.001)
     with pytest.raises(ValueError, match="payload #2 sent after #0"):
         sender.send(second)
     sender.close()
     with pytest.raises(ValueError, match="weight_sync.mode"):
         WeightSender(1, token="d1" * 32, mode="sparse")
+
+
+def changed(w: torch.Tensor, count: int) -> torch.Tensor:
+    """``w`` with its first ``count`` elements changed (bf16 +1 at these magnitudes)."""
+    out = w.clone()
+    out.view(-1)[:count] += 1.0
+    return out
+
+
+@pytest.mark.parametrize("count, mode", [(270, "full"), (60, "delta"), (99, "delta"), (100, "full")])
+def test_a_delta_larger_than_the_dense_push_is_sent_dense(count, mode):
+    """vLLM's sparse NCCL format (the default cost): 4 + 2 bytes per changed bf16 element against 2 per
+    element dense, so 300 elements break even at 100 changed (600 bytes): 90 % -> dense, 20 % -> delta."""
+    enc = DeltaEncoder("delta", full_every=100)
+    w = torch.zeros(300, dtype=BF16)
+    enc.encode([("w", w)], version=0, seq=1)
+    new = changed(w, count)
+    payload = enc.encode([("w", new)], version=1, seq=2)
+    assert payload.mode == mode
+    if mode == "full":
+        assert payload.full is not None and torch.equal(payload.full[0][1], new) and payload.changed_frac == 1.0
+    after = enc.encode([("w", changed(new, 1))], version=2, seq=3)  # the baseline moved on either way
+    assert after.mode == "delta" and after.patches[0].indices.tolist() == [0]
+
+
+def test_the_gloo_format_breaks_even_near_half():
+    """Gloo's patches cost 2 + 2 bytes per changed bf16 element (+ 4 per 65536-element block): 40 %
+    changed is still a delta there, but dense on the int32-index cost (NCCL)."""
+    w = torch.zeros(1 << 16, dtype=BF16)
+    new = changed(w, int(0.4 * w.numel()))
+    modes = []
+    for cost in (gloo_patch_cost, None):
+        enc = DeltaEncoder("delta", full_every=100, **({"patch_cost": cost} if cost else {}))
+        enc.encode([("w", w)], version=0, seq=1)
+        modes.append(enc.encode([("w", new)], version=1, seq=2).mode)
+    assert modes == ["delta", "full"]
+    assert gloo_patch_cost(32000, 1 << 16, 2) < 2 * (1 << 16) <= gloo_patch_cost(1 << 15, 1 << 16, 2)  # ~1/2

@@ -18,7 +18,7 @@ from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitI
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseNCCLWeightTransferUpdateInfo
 
-from weightsync import nccl_engine
+from weightsync import nccl_engine, nccl_plane
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.nccl_engine import ImpalaNcclWeightTransferEngine, vllm_update_info
 from weightsync.nccl_plane import (
@@ -459,3 +459,37 @@ def test_real_unique_id_reaches_vllms_init_info():
     uid = mint_unique_id()
     assert len(uid) == NCCL_UNIQUE_ID_BYTES
     assert NCCLWeightTransferInitInfo(**nccl_init_info(1, 1, 1, uid, 64, 2)).nccl_unique_id_bytes == uid
+
+
+# ---------------------------------------------------------------------------- deadline by size
+def test_the_push_deadline_grows_with_its_bytes(monkeypatch):
+    """deadline = timeout_s + bytes / min_gbps (GB/s): at 0.001 GB/s (1 MB/s) a 1 MB push gets 1 s
+    more than the base, a 3 MB one 3 s; the receivers are told the same deadline."""
+    plane = fake_plane([FakeComm()], num_receivers=1, min_gbps=0.001, control={"timeout_s": 10.0})
+    plane.init_info(1)
+    plane.connect(timeout_s=5)
+    seen = []
+    real = nccl_plane.call_with_deadline
+    monkeypatch.setattr(nccl_plane, "call_with_deadline",
+                        lambda fn, timeout_s, what, **kw: seen.append(timeout_s) or real(fn, timeout_s, what, **kw))
+    monkeypatch.setattr(packed_tensor, "packed_nccl_broadcast_producer", lambda **kw: None)
+    infos, sizes = [], []
+    for nbytes in (1_000_000, 3_000_000):
+        payload = Payload(version=1, seq=1, full=[("w", torch.zeros(nbytes // 2, dtype=torch.bfloat16))])
+        sizes.append(plane.send(payload, timeout_s=10.0)["bytes"])
+        infos.append(plane.update_info(payload)["deadline_s"])
+    assert sizes == [1_000_000, 3_000_000]
+    assert seen == infos == [pytest.approx(11.0), pytest.approx(13.0)]
+    with pytest.raises(ValueError, match="min_gbps"):
+        NcclPlane(1, min_gbps=0)
+
+
+def test_engine_watches_the_push_for_the_senders_deadline(engine, calls, monkeypatch):
+    """The init's timeout_s is 0.5 s; a push announced with deadline_s 1.5 is watched for 1.5 s."""
+    comm = engine.test_comm
+    monkeypatch.setattr(engine._dense, "receive_weights", lambda info: comm.release.wait(60))
+    monkeypatch.setattr(nccl_engine, "RECEIVER_GRACE_S", 0.0)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match="push #3 not received within 1.5 s"):
+        engine.update_weights({"version": 7, "seq": 3, **nccl_update_info(dense_payload()), "deadline_s": 1.5})
+    assert 1.5 <= time.monotonic() - t0 < 1.5 + SLACK_S
