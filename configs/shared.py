@@ -73,6 +73,10 @@ class DataConfig(Section):
     demos: str | None = Field(None, description="teacher/demonstration trajectories (parquet/JSONL with a `target` "
                                                 "or `solution` column, or data.fields.solution) "
                                                 "for LUFFY and SFT; null with the synthetic task = generate them")
+    min_demo_match: float = Field(
+        0.5, ge=0, le=1, description="least share of the training prompts that data.demos must give a demonstration "
+                                     "(matched by question text; the prompts without one are not trained); a teacher "
+                                     "file matching less is refused at start")
     fields: DataFieldsConfig = Field(DataFieldsConfig(), description="which columns of the data files hold "
                                      "prompt, answer and solution (null = recognised from the file's layout)")
     arithmetic: ArithmeticTaskConfig = Field(ArithmeticTaskConfig(), description="the synthetic task (data.task=arithmetic)")

@@ -7,7 +7,9 @@
 - Demonstrations (LUFFY teacher traces, SFT targets): a teacher file given with `--demos`, matched to
   the training prompts by their question text; with the synthetic task and no file, one is written
   into the run folder by `tasks.write_teacher_file` and read back through the same loader, so the
-  user's path and the default path are the same code.
+  user's path and the default path are the same code. Nothing is dropped silently: the start-up line
+  (`DemoMatch.describe`) counts and names the teacher rows matching no prompt and the training prompts
+  without a demonstration (not trained); preflight refuses a file covering less than data.min_demo_match.
 Demonstration token ids end with the tokenizer's eos: a ρ = 1 LUFFY row is the whole trace + eos.
 - Demonstration rewards: each demonstration is scored once, here, with the run's reward (`reward.fn`,
   `tasks.rewards.scorer_for`) exactly as an actor scores a row -- its token ids decoded with special
@@ -90,20 +92,82 @@ def demonstration_file(cfg: RunConfig, run_dir: Path) -> Path | None:
     return path
 
 
-def tokenize_demos(records: list[Record], train: list[Record], tokenizer, source: Path) -> dict[int, np.ndarray]:
-    """Demo ids (+eos) keyed by the prompt_index of the training prompt with the same question."""
-    index_of = {r.question: i for i, r in enumerate(train)}
-    demos, unmatched = {}, 0
-    for rec in records:
-        i = index_of.get(rec.question)
-        if i is None:
-            unmatched += 1
-            continue
-        ids = tokenizer(rec.target, add_special_tokens=False, verbose=False)["input_ids"]  # no too-long warning
-        demos[i] = np.asarray([*ids, tokenizer.eos_token_id], dtype=np.int32)
-    if not demos:
+@dataclass
+class DemoMatch:
+    """How a teacher file's rows meet the training prompts (matched by question text): `demos` maps the
+    prompt_index of each training prompt with a demonstration to its teacher row (0-based); `held_out`
+    counts teacher rows whose question is a held-out prompt's; `strays` are the rows matching neither
+    (0-based row, question); `without` the training prompts no row matches (prompt_index)."""
+
+    rows: int
+    prompts: int
+    demos: dict[int, int]
+    held_out: int
+    strays: list[tuple[int, str]]
+    without: list[int]
+
+    @property
+    def coverage(self) -> float:
+        return len(self.demos) / self.prompts if self.prompts else 0.0
+
+    def describe(self, source: str | Path, train: list[Record]) -> str:
+        """The start-up line: counts, then a few examples of each kind of miss."""
+        def show(q: str) -> str:
+            q = " ".join(q.split())
+            return repr(q if len(q) <= 40 else q[:39] + "…")
+
+        line = (f"[data] {source}: {len(self.demos)} of {self.prompts} training prompts have a demonstration "
+                f"({self.coverage:.0%}; the others are not trained)")
+        if self.without:
+            line += " — without: " + ", ".join(f"prompt {i} {show(train[i].question)}" for i in self.without[:3])
+        line += f"; {len(self.strays)} of {self.rows} teacher rows match no prompt"
+        if self.strays:
+            line += " — " + ", ".join(f"row {r + 1} {show(q)}" for r, q in self.strays[:3])
+        if self.held_out:
+            line += f"; {self.held_out} match held-out prompts (not trained)"
+        return line
+
+    def problem(self, source: str | Path, min_match: float) -> str | None:
+        """Why a file matching too little is refused (data.min_demo_match), or None."""
+        if self.demos and self.coverage >= min_match:
+            return None
+        return (f"data.demos: {source}: {len(self.demos)} of the {self.prompts} training prompts have a "
+                f"demonstration ({self.coverage:.0%}; {len(self.strays)} of its {self.rows} rows match no prompt, "
+                f"by question text), below data.min_demo_match={min_match:g} — give the teacher file of the "
+                f"training data, or accept the coverage with --set data.min_demo_match={self.coverage:.2f}")
+
+
+def match_demos(records: list[Record], train: list[Record], held_out: list[Record] = ()) -> DemoMatch:
+    """`DemoMatch` of teacher `records` against the `train` (and `held_out`) prompts. A question shared by
+    several training prompts gives each the demonstration; of teacher rows sharing a question the last wins."""
+    index_of: dict[str, list[int]] = {}
+    for i, r in enumerate(train):
+        index_of.setdefault(r.question, []).append(i)
+    held = {r.question for r in held_out}
+    demos, strays, on_held = {}, [], 0
+    for row, rec in enumerate(records):
+        if rec.question in index_of:
+            demos.update(dict.fromkeys(index_of[rec.question], row))
+        elif rec.question in held:
+            on_held += 1
+        else:
+            strays.append((row, rec.question))
+    return DemoMatch(len(records), len(train), demos, on_held, strays,
+                     [i for i in range(len(train)) if i not in demos])
+
+
+def tokenize_demos(records: list[Record], train: list[Record], tokenizer, source: Path,
+                   match: DemoMatch | None = None) -> dict[int, np.ndarray]:
+    """Demo ids (+eos) keyed by the prompt_index of the training prompt with the same question
+    (`match`: `match_demos(records, train)` when already made)."""
+    match = match or match_demos(records, train)
+    if not match.demos:
         raise DataError(f"{source}: none of its {len(records)} demonstrations matches a training prompt "
-                        f"(matched by question text; {unmatched} unmatched)")
+                        f"(matched by question text; {len(match.strays)} unmatched)")
+    demos = {}
+    for i, row in match.demos.items():
+        ids = tokenizer(records[row].target, add_special_tokens=False, verbose=False)["input_ids"]  # no too-long warning
+        demos[i] = np.asarray([*ids, tokenizer.eos_token_id], dtype=np.int32)
     return demos
 
 
@@ -147,7 +211,9 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
             raise DataError("this algorithm needs demonstrations: pass --demos FILE")
         said = cfg.data.demos and cfg.data.demos != cfg.data.path  # a file's layout is logged once
         records = read_file(cfg, source, require_target=True, log=log if said else None)
-        data.demos = tokenize_demos(records, train_recs, tokenizer, source)
+        match = match_demos(records, train_recs, eval_recs)
+        log(match.describe(source, train_recs))
+        data.demos = tokenize_demos(records, train_recs, tokenizer, source, match)
         scorer = scorer_for(cfg) if reward_fn is None else reward_fn
         try:
             data.demo_rewards = score_demos(data.demos, train_recs, tokenizer, scorer)

@@ -14,7 +14,7 @@ It writes nothing. Checked, in order:
   row), hold rows, and leave a training set after the held-out split; the synthetic task has enough
   distinct problems;
 - data.demos (algorithms that train on demonstrations): loads whole with a demonstration per row, and
-  at least one matches a training prompt by its question text;
+  gives at least data.min_demo_match of the training prompts a demonstration (by question text);
 - reward.fn: loads and takes (prompt, response, ground_truth, extra) (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
   with a tokenizer, or a function that loads.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import algos
 from configs.schema import RunConfig
-from launch.data import load_prompt_records, read_file
+from launch.data import load_prompt_records, match_demos, read_file
 from tasks.records import DataError
 from tasks.rewards import RewardSpecError, check_reward_fn, reward_name
 from tasks.worker import load_function
@@ -51,9 +51,9 @@ def preflight(cfg: RunConfig) -> None:
             raise PreflightError(f"model.path: the tokenizer in {path} has no chat template (prompts are "
                                  "chat-formatted) — set tokenizer.chat_template and save it")
         check_context(cfg, path)
-    train = check_prompts(cfg)
+    train = check_prompts(cfg)  # (training, held-out) records
     if spec.needs_demonstrations and cfg.data.demos:
-        check_demos(cfg, {r.question for r in train})
+        check_demos(cfg, *train)
     try:
         check_reward_fn(reward_name(cfg))
     except RewardSpecError as e:
@@ -102,8 +102,8 @@ def check_hf_dir(key: str, path: Path):
                              "tokenizer.save_pretrained(DIR)") from None
 
 
-def check_prompts(cfg: RunConfig) -> list:
-    """The training records, or the `PreflightError` of the first file or split that cannot give them."""
+def check_prompts(cfg: RunConfig) -> tuple[list, list]:
+    """The (training, held-out) records, or the `PreflightError` of the first file or split that cannot give them."""
     d = cfg.data
     if d.task == "file" and d.path is None:  # only algorithms that train on demonstrations alone get here
         raise PreflightError("data.path: data.task=file needs the training prompts — pass --data FILE (the same "
@@ -121,11 +121,12 @@ def check_prompts(cfg: RunConfig) -> list:
                              "data.arithmetic (more digits or operators)") from None
     if d.task == "file" and d.eval_path and not held_out:
         raise PreflightError(f"data.eval_path: {d.eval_path} has no rows — pass a file with held-out prompts")
-    return train
+    return train, held_out
 
 
-def check_demos(cfg: RunConfig, questions: set[str]) -> None:
-    """data.demos loads with a demonstration on every row and matches at least one training prompt."""
+def check_demos(cfg: RunConfig, train: list, held_out: list = ()) -> None:
+    """data.demos loads with a demonstration on every row and gives at least data.min_demo_match of the
+    training prompts theirs (`launch.data.match_demos`)."""
     path = Path(cfg.data.demos)
     if not path.is_file():
         raise PreflightError(f"data.demos: no file {path} — pass --demos FILE (.jsonl or .parquet with a "
@@ -134,10 +135,14 @@ def check_demos(cfg: RunConfig, questions: set[str]) -> None:
         records = read_file(cfg, path, require_target=True)
     except DataError as e:
         raise PreflightError(f"data.demos: {e}") from None
-    if not any(r.question in questions for r in records):
+    match = match_demos(records, train, held_out)
+    if not match.demos:
         raise PreflightError(f"data.demos: none of the {len(records)} demonstrations in {path} has the question of a "
                              "training prompt (they are matched by question text) — give the teacher file of "
                              "the training data")
+    problem = match.problem(path, cfg.data.min_demo_match)
+    if problem:
+        raise PreflightError(problem)
 
 
 def check_algorithm_file(cfg: RunConfig, key: str, kind: str) -> None:

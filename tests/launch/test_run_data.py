@@ -43,8 +43,10 @@ def test_a_wrong_teacher_trace_scores_zero_at_load(run_data):
     assert data.demo_rewards == {0: 1.0, 1: 1.0, WRONG: 0.0, 3: 1.0, 4: 1.0}
     assert data.demos_below_one == 1
     assert said[0].startswith("[data] ") and ": 5 rows, layout veRL (" in said[0]  # the teacher file's layout
-    assert len(said) == 2 and said[1].startswith("[data] 1 of 5 demonstrations from ")
-    assert "score < 1" in said[1]
+    assert said[1].endswith(": 5 of 5 training prompts have a demonstration (100%; the others are not trained); "
+                            "0 of 5 teacher rows match no prompt")
+    assert len(said) == 3 and said[2].startswith("[data] 1 of 5 demonstrations from ")
+    assert "score < 1" in said[2]
     # each training prompt carries its demonstration to the actor (no request per guided prompt)
     assert [list(it.demo_ids) for it in data.train] == [data.demos[it.prompt_index].tolist() for it in data.train]
     assert len(data.train) == 5 and data.train[0].demo_ids[-1] == build_tokenizer().eos_token_id
