@@ -160,6 +160,11 @@ class _SharedConfig(Section):
                    f"steps {h + 1}–{lc.steps} of learner.steps={lc.steps} would train at lr 0 — set "
                    f"learner.lr_horizon_steps={lc.steps} to decay over the whole run (on a resume the lr then "
                    "moves to the stretched curve at once: it is a function of step / horizon)")
+        if self.max_restarts and not lc.save_every and not lc.hf_every:
+            yield (f"max_restarts: a restart resumes from the last checkpoint, and with learner.save_every=0 (and "
+                   f"learner.hf_every=0) the first is written at the end, so --max-restarts {self.max_restarts} could "
+                   f"never restart anything — checkpoint as you go: --set learner.save_every=K (e.g. "
+                   f"{max(1, lc.steps // 10)})")
         context = self.data.max_prompt_tokens + self.rollout.max_response_tokens
         if self.model.path is None and context > self.model.tiny.max_position_embeddings:
             yield (f"rollout.max_response_tokens: data.max_prompt_tokens + rollout.max_response_tokens = {context} "

@@ -193,7 +193,7 @@ def test_max_restarts_resumes_a_run_whose_learner_died_from_its_last_checkpoint(
 
     run = tmp_path / "r"
     make_run(run, 6)
-    cfg = resolve("grpo", flags={"max_restarts": 2})
+    cfg = resolve("grpo", flags={"max_restarts": 2}, overrides=["learner.save_every=2"])
     said, runs = [], []
 
     def supervise(cfg, run_dir, statuses=[LEARNER_DIED, LEARNER_DIED]):  # noqa: B006 - consumed by the calls
@@ -208,6 +208,17 @@ def test_max_restarts_resumes_a_run_whose_learner_died_from_its_last_checkpoint(
     assert restart_after_learner_deaths(1, cfg, run, supervise, said.append) == 1  # not a learner death
     assert restart_after_learner_deaths(LEARNER_DIED, resolve("grpo"), run, supervise, said.append) == LEARNER_DIED
     assert len(said) == 2  # max_restarts 0 (the default): no restart
+
+
+def test_max_restarts_without_checkpoints_on_the_way_is_refused():
+    """With learner.save_every=0 (the default) the first checkpoint is written at the end: a learner rank
+    death has nothing to resume from, so --max-restarts is refused before start, with the fix."""
+    with pytest.raises(ConfigError) as err:
+        resolve("grpo", flags={"max_restarts": 2})
+    assert ("max_restarts: a restart resumes from the last checkpoint, and with learner.save_every=0 (and "
+            "learner.hf_every=0) the first is written at the end, so --max-restarts 2 could never restart anything "
+            "— checkpoint as you go: --set learner.save_every=K (e.g. 35)") in str(err.value)
+    resolve("grpo", flags={"max_restarts": 2}, overrides=["learner.hf_every=50"])  # a checkpoint with each export
 
 
 def test_quiet_console_environment(monkeypatch):
