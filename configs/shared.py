@@ -256,9 +256,9 @@ class LearnerConfig(Section):
     lr_horizon_steps: int | None = Field(
         None, ge=1, description="learner steps over which lr_schedule decays (cosine/linear reach lr 0 at "
                                 "lr_horizon_steps × mini_batches × epochs optimiser steps); null = learner.steps. "
-                                "A resume that changes learner.steps pins this to the run's old steps (the LR "
-                                "curve does not move under a running run); extending a decaying schedule past it "
-                                "needs it raised deliberately (the LR then jumps to the stretched curve)")
+                                "A resume that changes learner.steps sets this to the later of the run's horizon "
+                                "and the new steps: a shortened run keeps its LR curve, a decaying schedule "
+                                "extended past it is stretched to the new end (the LR jumps to the stretched curve)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
     keep_checkpoints: int = Field(
         3, ge=0, description="checkpoints kept under checkpoints/: the newest K complete ones (plus the one a "

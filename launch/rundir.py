@@ -16,11 +16,13 @@ is refused by name. `ray_address` is this invocation's (the cluster where the ru
 
 Steps and the LR schedule: `--resume DIR` alone runs to the saved `learner.steps`; a run already there
 is finished and says so (`finished_message`), without starting anything. Training longer takes an
-explicit `--steps`. The LR schedule is a function of (optimiser step, horizon), so changing
-`learner.steps` on a resume pins `learner.lr_horizon_steps` to the saved steps (when unset): the LR
-curve of the steps still to come is the one the run started with. Past that horizon a cosine or linear
-schedule would train at lr 0, which `RunConfig.problems` refuses; raising `learner.lr_horizon_steps`
-with the extension stretches the decay deliberately, and the LR moves at once to the stretched curve.
+explicit `--steps N`, and nothing more: the LR schedule is a function of (optimiser step, horizon), and
+a resume that changes `learner.steps` (without setting `learner.lr_horizon_steps` itself) sets the
+horizon to the later of the run's horizon (null = its steps) and N. So a shorter run keeps the curve
+it started with, and a cosine or linear schedule extended past its horizon is stretched to end at
+step N (it would train at lr 0 otherwise): the LR moves at once to the stretched curve, which the
+resume prints (`launch.train.resume_lines`). `--set learner.lr_horizon_steps=H` chooses another
+horizon (at least N for a decaying schedule, `RunConfig.problems`).
 """
 
 from __future__ import annotations
@@ -176,8 +178,11 @@ def plan_resume(run_dir: str, algo: str | None, config_file: str | None, flags: 
             return ResumePlan(saved, step, finished=True)
         raise ConfigError(f"learner.steps: the run in {path} is at step {step} already — pass --steps larger than "
                           f"{step} to train longer")
-    if isinstance(learner, dict) and asked != saved.learner.steps and learner.get("lr_horizon_steps") is None:
-        learner["lr_horizon_steps"] = saved.learner.lr_horizon_steps or saved.learner.steps
+    if (isinstance(learner, dict) and type(asked) is int and asked != saved.learner.steps
+            and learner.get("lr_horizon_steps") == saved.learner.lr_horizon_steps):  # not set by this resume
+        horizon = saved.learner.lr_horizon_steps or saved.learner.steps
+        decays = saved.learner.lr_schedule != "constant"
+        learner["lr_horizon_steps"] = max(horizon, asked) if decays else horizon  # module docstring
     new = absolutize(validate(data), cwd)
     before, after = flat(saved), flat(new)
     changes = {k: [before[k], after[k]] for k in after

@@ -68,7 +68,8 @@ def write_config(run_dir: Path, cfg: RunConfig) -> None:
 
 def resume_lines(resume: ResumePlan, run_dir: Path) -> list[str]:
     """What a resume says before it starts: the step, each change, and the LR the stretched schedule
-    moves to when learner.lr_horizon_steps was raised on a decaying schedule."""
+    moves to when learner.lr_horizon_steps was raised on a decaying schedule (by --steps past the
+    horizon, `launch.rundir.plan_resume`, or by hand)."""
     show = ", ".join(f"{k} {show_value(a)} -> {show_value(b)}" for k, (a, b) in resume.changes.items())
     lines = [f"[resume] {run_dir} from step {resume.step} to step {resume.cfg.learner.steps}: {show or 'no changes'}"]
     lc = resume.cfg.learner
@@ -83,8 +84,9 @@ def resume_lines(resume: ResumePlan, run_dir: Path) -> list[str]:
         def lr(h: int) -> float:
             return lr_at(at, peak=lc.lr, warmup=lc.warmup_steps, total=h * updates, schedule=lc.lr_schedule)
 
-        lines.append(f"[resume] the {lc.lr_schedule} LR schedule now ends at step {new_h} instead of {old_h}: "
-                     f"lr at the next optimiser step {lr(old_h):.3g} -> {lr(new_h):.3g}")
+        lines.append(f"[resume] the {lc.lr_schedule} LR schedule now ends at step {new_h} instead of {old_h} (its "
+                     f"decay stretched to the new end): lr at the next optimiser step {lr(old_h):.3g} -> "
+                     f"{lr(new_h):.3g}")
     return lines
 
 

@@ -109,14 +109,41 @@ def test_unsafe_changes_are_refused_by_name(tmp_path, capsys):
         parse(["--resume", str(run), "--force"])
 
 
-def test_extending_a_decaying_schedule_needs_the_horizon_raised(tmp_path):
+def test_steps_alone_extends_a_decaying_schedule(tmp_path):
+    """--resume DIR --steps N trains longer with no other flag: a cosine schedule that ended with the run
+    is stretched to end at step N; a shorter run keeps its curve; an explicit horizon is the user's."""
     run = tmp_path / "r"
     make_run(run, 10, steps=10)  # grpo.yaml: cosine to lr 0 at the run's end
-    with pytest.raises(ConfigError, match="learner.lr_horizon_steps: the cosine LR schedule reaches lr 0 at step 10, "
-                                          "so steps 11–30 of learner.steps=30 would train at lr 0"):
-        parse(["--resume", str(run), "--steps", "30"])
-    _, cfg, plan = parse(["--resume", str(run), "--steps", "30", "--set", "learner.lr_horizon_steps=30"])
+    _, cfg, plan = parse(["--resume", str(run), "--steps", "30"])
     assert cfg.learner.lr_horizon_steps == 30 and plan.changes["learner.lr_horizon_steps"] == [None, 30]
+    short = tmp_path / "s"
+    make_run(short, 4, steps=20)
+    _, cfg, _ = parse(["--resume", str(short), "--steps", "12"])
+    assert cfg.learner.lr_horizon_steps == 20  # pinned: the steps still to come keep the run's curve
+    _, cfg, _ = parse(["--resume", str(run), "--steps", "30", "--set", "learner.lr_horizon_steps=40"])
+    assert cfg.learner.lr_horizon_steps == 40
+    with pytest.raises(ConfigError, match="learner.lr_horizon_steps: the cosine LR schedule reaches lr 0 at step 20, "
+                                          "so steps 21–30 of learner.steps=30 would train at lr 0"):
+        parse(["--resume", str(run), "--steps", "30", "--set", "learner.lr_horizon_steps=20"])
+
+
+def test_the_quickstart_extended_to_700_steps_announces_its_lr(tmp_path):
+    """The quick-start (cosine, peak 1e-4, warm-up 10, 1 optimiser step per learner step) finished at
+    350, resumed with --steps 700. The next optimiser step is 350 (0-based): with horizon 350 it is past
+    the end, lr 0; with horizon 700, p = (350 - 10) / (700 - 10) = 0.49275, lr = 1e-4 · ½(1 + cos πp)
+    = 1e-4 · ½(1 + 0.022759) = 5.1138e-05."""
+    from launch.train import resume_lines
+    from learner.optim import lr_at
+
+    run = tmp_path / "q"
+    make_run(run, 350, steps=350)
+    _, cfg, plan = parse(["--resume", str(run), "--steps", "700"])
+    assert cfg.learner.lr_horizon_steps == 700
+    assert resume_lines(plan, run)[1] == ("[resume] the cosine LR schedule now ends at step 700 instead of 350 (its "
+                                         "decay stretched to the new end): lr at the next optimiser step 0 -> 5.11e-05")
+    lc = cfg.learner
+    assert lr_at(350, peak=lc.lr, warmup=lc.warmup_steps, total=700, schedule=lc.lr_schedule) == pytest.approx(
+        5.1138e-05, rel=1e-4)
 
 
 def test_the_lr_jump_of_a_stretched_schedule_is_announced(tmp_path):
