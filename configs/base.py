@@ -3,19 +3,14 @@ counts that may be "auto", and the section built from an algorithm's options dat
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from types import UnionType
-from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Field,
     ValidationInfo,
-    create_model,
     field_validator,
 )
 
@@ -58,33 +53,3 @@ def _auto_or_count(value):
 
 AutoCount = Annotated[float | Literal["auto"], BeforeValidator(_auto_or_count)]
 """A resource count that `launch.cluster.ClusterInfo.resolve` turns into a number at launch."""
-
-
-@functools.cache
-def option_section(options: type) -> type[Section]:
-    """The config section of an algorithm's options dataclass (`algos.options`): each field's type,
-    default, description and bounds, its `before`/`after` hooks as pydantic validators. One class per
-    options class, published as `configs.base.<name>` so that pickle finds it (the learner ranks a test
-    spawns receive the config pickled)."""
-    hints = get_type_hints(options)
-    fields = {}
-    for f in dataclasses.fields(options):
-        meta = dict(f.metadata)
-        hooks = [BeforeValidator(meta.pop("before"))] if "before" in meta else []
-        hooks += [AfterValidator(meta.pop("after"))] if "after" in meta else []
-        annotation = Annotated[(hints[f.name], *hooks)] if hooks else hints[f.name]
-        fields[f.name] = (annotation, Field(f.default, **meta))
-    section = create_model(options.__name__, __base__=Section, __doc__=options.__doc__, __module__=__name__, **fields)
-    globals()[section.__name__] = section
-    return section
-
-
-def __getattr__(name: str):
-    """A generated section asked for before `configs.schema` built it (an unpickler in a fresh process)."""
-    if name.startswith("__"):  # `from configs.base import X` asks for __path__: never build the schema for it
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import configs.schema  # noqa: F401  (builds every algorithm's section)
-
-    if name in globals():
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

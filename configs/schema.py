@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import Field, create_model, field_validator, model_validator
 
 import algos
-from configs.base import Section, option_section
+from configs.algo_sections import SECTIONS
+from configs.base import Section
 from configs.shared import (
     BufferConfig,
     DataConfig,
@@ -174,13 +175,7 @@ class _SharedConfig(Section):
 
 def _algorithm_sections() -> dict[str, Any]:
     """{name: (section, default)} for every registered algorithm with options of its own."""
-    out = {}
-    for name in algos.names():
-        options = algos.get(name).options
-        if options is not None:
-            section = option_section(options)
-            out[name] = (section, Field(section(), description=f"--algo {name} options"))
-    return out
+    return {name: (section, Field(section(), description=f"--algo {name} options")) for name, section in SECTIONS.items()}
 
 
 RunConfig = create_model(

@@ -30,13 +30,13 @@ from pathlib import Path
 from configs.loading import ConfigError, resolve
 from configs.schema import RunConfig
 from launch.doctor_report import Check, table
+from launch.run_flags import build_parser as run_parser
+from launch.run_flags import flags_from_args
 
 PROBE_TOKENS = 1024  # tokens of the learner's memory probe
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launch.cli import build_parser as run_parser
-
     p = argparse.ArgumentParser(prog="algo-train doctor", parents=[run_parser(add_help=False)],
                                 description="Check, node by node, that this cluster can run this configuration.")
     p.add_argument("--json", metavar="FILE", help="also write the checks as JSON to FILE")
@@ -46,8 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_for(args: argparse.Namespace) -> RunConfig:
-    from launch.cli import flags_from_args
-
     return resolve(args.algo, args.config, flags_from_args(args), args.overrides)
 
 

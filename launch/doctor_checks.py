@@ -8,6 +8,7 @@ from pathlib import Path
 
 from configs.schema import RunConfig
 from launch.doctor_report import Check
+from launch.memory_estimate import micro_batch_tokens
 from launch.model_shape import DTYPE_BYTES, ModelShape, context_problem
 from launch.versions import VLLM, vllm_problem
 
@@ -41,9 +42,12 @@ def kv_check(cfg: RunConfig, shape: ModelShape, node: str, gpu_bytes: int | None
         weights = shape.parameters() * _dtype_bytes(cfg, gpu) / r.engine.tensor_parallel_size
         budget = util * gpu_bytes - weights - ENGINE_RESERVE_GIB * GIB
         how = f"{util:g} of the GPU − weights − ~{ENGINE_RESERVE_GIB:g} GiB (estimate; the engine logs its own)"
-    else:
-        budget = r.kv_cache_gib * GIB
-        how = f"rollout.kv_cache_gib={r.kv_cache_gib:g}"
+    elif (gib := r.resolved_kv_cache_gib(gpu)) is not None:
+        budget = gib * GIB
+        how = f"rollout.kv_cache_gib={gib:g}"
+    else:  # a GPU engine sized by a memory share on a node whose GPUs were not read
+        return Check(node, "kv cache", "WARN", "the node reports no GPU memory: KV tokens not estimated",
+                     "check that the node's GPUs are visible to Ray (ray status)")
     tokens = int(max(budget, 0) // per_token)
     want = r.prompts_in_flight * r.n * seq
     found = (f"{tokens:,} KV tokens per engine ({how}; {per_token:,} B/token); one sequence needs {seq:,}, "
@@ -180,16 +184,10 @@ def node_checks(cfg: RunConfig, shape: ModelShape, probe: Path, cluster: bool) -
     return out
 
 
-def micro_batch_tokens(cfg: RunConfig) -> int:
-    lc = cfg.learner
-    rows = lc.micro_batch_samples * (cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
-    return min(rows, lc.micro_batch_tokens) if lc.micro_batch_tokens else rows
-
-
 def learner_estimate(cfg: RunConfig, shape: ModelShape, probe: dict, gpu: bool) -> tuple[float, str]:
     """(bytes, how) a learner rank needs: sharded fp32 weights, grads and AdamW moments (16 B per parameter
     / world size) plus the micro-batch's activations at the probe's bytes per token."""
-    tokens = micro_batch_tokens(cfg)
+    tokens = micro_batch_tokens(cfg, gpu)
     ac = cfg.learner.activation_checkpointing
     ac = gpu if ac == "auto" else bool(ac)
     per_layer = probe["per_layer_token_bytes"]
@@ -222,7 +220,8 @@ def learner_checks(cfg: RunConfig, tokens: int) -> list[Check]:
         opts["resources"] = {k: min(v, 1e-3) for k, v in cfg.learner.custom_resources.items()}
     task = ray.remote(**opts)(learner_memory)
     try:
-        probe = ray.get(task.remote(config, tokens, dtype, cfg.learner.logprob_chunk_tokens, device), timeout=300)
+        chunk = cfg.learner.resolved_logprob_chunk_tokens(gpu)
+        probe = ray.get(task.remote(config, tokens, dtype, chunk, device), timeout=300)
     except Exception as e:  # the row says what failed; the other checks still print
         return [Check("learner", "learner memory", "FAIL", f"the probe failed: {str(e).strip()[:300]}",
                       "run `algo-train doctor --verbose` and read the learner node's Ray log")]

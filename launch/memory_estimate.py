@@ -14,14 +14,16 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
     log-prob head      4 × C × V × 4         fp32 logits of one chunk (C tokens × vocabulary), 4 buffers live
     reference model    P × d / world + R × d with loss.kl_coef > 0
     PURE's HF PRM      P_prm × d             a whole copy per rank (pure.prm=hf)
-  rank 0 only:
+  rank 0 only, on the GPU:
+    send buffers       2 × max(bucket, largest tensor)   vLLM's packed producer buffers
+  rank 0 only, in pinned host memory (`weightsync.staging`: nothing of a push stays on the GPU):
     push payload       P × d                 the serving-dtype weights of the version in flight
     delta baseline     P × d                 weight_sync.mode=delta
-    send buffers       2 × max(bucket, largest tensor)
 
 d = bytes of model.dtype, h = hidden size, V = vocabulary. Not counted: PRIME's trainable PRM, CUDA and
 NCCL workspaces, allocator fragmentation. Qwen2.5-7B on 8 ranks, 16 k-token micro-batches, chunk 4096,
-full pushes: rank 0 ≈ 57 GB (tests/launch/test_memory_estimate.py works it out).
+full pushes: rank 0 ≈ 42 GB on its GPU (the appendix's 57 GB less the 15.2 GB payload, which now waits in
+host memory) plus 15.2 GB of pinned host memory (tests/launch/test_memory_estimate.py works it out).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class LearnerMemory:
-    """(what, bytes) on every rank, and on rank 0 only."""
+    """(what, bytes) on every rank's GPU, on rank 0's only, and in rank 0's pinned host memory."""
 
     every_rank: tuple[tuple[str, float], ...]
     rank0_only: tuple[tuple[str, float], ...]
+    rank0_host: tuple[tuple[str, float], ...]
 
     def total(self, rank0: bool) -> float:
         return sum(b for _, b in self.every_rank) + (sum(b for _, b in self.rank0_only) if rank0 else 0.0)
@@ -61,16 +64,16 @@ def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: 
         every.append(("reference", p * d / world + root * d))
     if prm_parameters:
         every.append(("HF PRM", prm_parameters * d))
-    rank0 = [("push payload", p * d)] + ([("delta baseline", p * d)] if delta else [])
-    rank0.append(("send buffers", 2 * max(bucket_bytes, shape.vocab * h * d)))
-    return LearnerMemory(tuple(every), tuple(rank0))
+    rank0 = [("send buffers", 2 * max(bucket_bytes, shape.vocab * h * d))]
+    host = [("push payload", p * d)] + ([("delta baseline", p * d)] if delta else [])
+    return LearnerMemory(tuple(every), tuple(rank0), tuple(host))
 
 
-def micro_batch_tokens(cfg: RunConfig) -> int:
-    """Tokens of one micro-batch at most: the token cap, or the row cap × the longest sequence."""
+def micro_batch_tokens(cfg: RunConfig, gpu: bool) -> int:
+    """Tokens of one micro-batch at most on this device: the token cap, or the row cap × the longest row."""
     lc = cfg.learner
     rows = lc.micro_batch_samples * (cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens)
-    cap = lc.resolved_micro_batch_tokens(gpu=True)
+    cap = lc.resolved_micro_batch_tokens(gpu)
     return min(rows, cap) if cap else rows
 
 
@@ -78,7 +81,7 @@ def estimate_line(cfg: RunConfig, shape: ModelShape, prm_parameters: int = 0) ->
     """The start line of a resolved GPU run: rank 0 and the other ranks, then the items (GB)."""
     lc = cfg.learner
     ac = lc.activation_checkpointing
-    tokens, chunk = micro_batch_tokens(cfg), lc.resolved_logprob_chunk_tokens(gpu=True)
+    tokens, chunk = micro_batch_tokens(cfg, gpu=True), lc.resolved_logprob_chunk_tokens(gpu=True)
     m = learner_memory(shape, world=lc.world_size, tokens=tokens, chunk_tokens=chunk,
                        checkpointing=True if ac == "auto" else bool(ac),
                        dtype_bytes=DTYPE_BYTES[cfg.model.resolved_dtype(gpu=True)],
@@ -86,9 +89,11 @@ def estimate_line(cfg: RunConfig, shape: ModelShape, prm_parameters: int = 0) ->
                        prm_parameters=prm_parameters, bucket_bytes=cfg.weight_sync.bucket_mb * 2**20)
     items = ", ".join(f"{k} {b / GB:.1f}" for k, b in m.every_rank + m.rank0_only)
     others = f", other ranks ≈ {m.total(False) / GB:.1f} GB" if lc.world_size > 1 else ""
+    host = sum(b for _, b in m.rank0_host)
     return (f"[run] learner memory per rank (estimate): rank 0 ≈ {m.total(True) / GB:.1f} GB{others} — {items} GB "
             f"({tokens:,}-token micro-batches, log-prob chunk {chunk:,}; lower learner.micro_batch_tokens or "
-            "learner.logprob_chunk_tokens if that is near your GPU's memory)")
+            f"learner.logprob_chunk_tokens if that is near your GPU's memory); rank 0 stages each push in "
+            f"{host / GB:.1f} GB of pinned host memory")
 
 
 def start_lines(cfg: RunConfig) -> list[str]:
@@ -105,8 +110,8 @@ def start_lines(cfg: RunConfig) -> list[str]:
     except (OSError, KeyError, TypeError, ValueError):
         return lines
     prm = 0
-    options = getattr(cfg, "pure", None)
-    if cfg.algo == "pure" and getattr(options, "prm", None) == "hf" and getattr(options, "prm_path", None):
+    options = getattr(cfg, cfg.algo, None)  # an algorithm scoring steps with an HF PRM names it in prm_path
+    if getattr(options, "prm", None) == "hf" and getattr(options, "prm_path", None):
         try:
             prm = ModelShape.read(options.prm_path).parameters()
         except (OSError, KeyError, TypeError, ValueError):
