@@ -2,7 +2,8 @@
 config validation, "auto" resolution and the placement planner, on the cluster its text declares:
 
 - a code block whose `ray start` lines declare nodes (`--node-ip-address`, `--num-cpus`, `--num-gpus`,
-  `--resources`) plans its commands on those nodes, joined as the run would join them;
+  `--resources`) plans its commands, and those of the later blocks of its section, on those nodes, joined
+  as the run would join them;
 - a console example (`$ algo-train ...`) followed by `algo-train: <message>` must be refused with that
   message, on the nodes the message lists (the planner names every node it was given);
 - any other command plans on the machine a newcomer has (this project's CI machine: 2 CPUs, no GPU, 24 GiB).
@@ -39,17 +40,19 @@ class Command:
 
 
 def _blocks(text: str):
-    """(first line number, lines) of each fenced code block."""
-    lines, start, body = text.splitlines(), None, []
+    """(heading, first line number, lines) of each fenced code block, under the last heading above it."""
+    lines, start, body, heading = text.splitlines(), None, [], ""
     for i, line in enumerate(lines, 1):
         if line.lstrip().startswith("```"):
             if start is None:
                 start, body = i + 1, []
             else:
-                yield start, body
+                yield heading, start, body
                 start = None
         elif start is not None:
             body.append(line)
+        elif line.startswith("#"):
+            heading = line
 
 
 def _joined(lines: list[str]) -> list[tuple[int, str]]:
@@ -83,10 +86,10 @@ NODE_IN_MESSAGE = re.compile(r"(\d+\.\d+\.\d+\.\d+): (\d+) CPU, (\d+) GPU, ([\d.
 
 
 def doc_commands(name: str) -> list[Command]:
-    found = []
-    for start, body in _blocks((ROOT / name).read_text()):
+    found, declared = [], {}
+    for heading, start, body in _blocks((ROOT / name).read_text()):
         lines = _joined(body)
-        nodes = declared_nodes(lines)
+        nodes = declared.setdefault(heading, declared_nodes(lines))  # a section's later blocks: the same cluster
         for k, (at, line) in enumerate(lines):
             text = line.strip().split(" && ")[-1]  # `bash scripts/setup.sh && .venv/bin/algo-train ...`
             example = text.startswith("$ ")
@@ -117,6 +120,16 @@ def check(cmd: Command) -> str | None:
         from launch.evaluate_cmd import build_parser as eval_parser
 
         eval_parser().parse_args(cmd.argv[1:])
+        return None
+    if cmd.argv[:1] == ["doctor"]:  # the run's flags: validated and planned as the run's
+        from launch.doctor import build_parser as doctor_parser
+        from launch.doctor import config_for
+
+        try:
+            cfg = config_for(doctor_parser().parse_args(cmd.argv[1:]))
+            plan(resolve_auto(cfg, cmd.nodes), cmd.nodes, joined=cmd.joined)
+        except (ConfigError, ResourceError) as e:
+            return " ".join(str(e).split())
         return None
     if "--resume" in cmd.argv:  # needs the run folder it names; the parser must accept the flags
         build_parser().parse_args(cmd.argv)
