@@ -18,7 +18,10 @@ handler on the same loop admits only peers presenting the run's client public ke
 handshake (no keys, another run's keys, plain text) never gets a message delivered nor a reply: its
 requests go unanswered. Handshakes are counted from the socket's monitor: `stats()["auth"]` holds
 `accepted` and `refused` (= refused_key: ZAP said no, + refused_protocol: no CURVE or undecryptable,
-+ refused_other: dropped without detail). CURVE is used whenever secrets are given, loopback included
++ refused_other: dropped without detail): handshakes, so a stranger's reconnects count each time.
+`refused_peers` counts peers instead: each distinct (address, CURVE key) ZAP refused, plus one when any
+handshake failed before presenting a key (libzmq reports those against the listening endpoint, with no
+peer address). CURVE is used whenever secrets are given, loopback included
 (other users of a shared machine can reach loopback too); without secrets the service is plain, and it
 warns when it listens beyond loopback like that. The service owns its ZMQ context, because a ZAP handler
 answers for every socket of its context.
@@ -87,6 +90,7 @@ class CurveGate:
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no handler answering = refused, never admitted
         self.monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+        self.refused_peers: set[tuple[str, bytes]] = set()  # (address, CURVE key) the key check refused
 
     @property
     def sockets(self) -> tuple[zmq.Socket, zmq.Socket]:
@@ -100,6 +104,7 @@ class CurveGate:
             self.zap.send_multipart(reply)
             if not ok:
                 peer = request[3].decode("ascii", "replace") if len(request) > 3 else "?"
+                self.refused_peers.add((peer, request[6] if len(request) > 6 else b""))
                 self.log_reject("auth", f"refused a client at {peer}: its CURVE key is not this run's client key")
         while self.monitor.poll(0):
             event = parse_monitor_message(self.monitor.recv_multipart())
@@ -113,7 +118,9 @@ class CurveGate:
 
     def stats(self) -> dict:
         c = {k: self.counts["auth/" + k] for k in ("accepted", *_REFUSALS.values())}
-        return {"curve": True, "refused": sum(c[k] for k in _REFUSALS.values()), **c}
+        keyless = c["refused_protocol"] + c["refused_other"] > 0  # libzmq names no peer address for these
+        return {"curve": True, "refused": sum(c[k] for k in _REFUSALS.values()),
+                "refused_peers": len(self.refused_peers) + keyless, **c}
 
     def close(self) -> None:
         self.monitor.close(0)
@@ -268,7 +275,7 @@ class BufferService:
         return s
 
     def _auth_stats(self) -> dict:
-        return self.gate.stats() if self.gate else {"curve": False, "refused": 0}
+        return self.gate.stats() if self.gate else {"curve": False, "refused": 0, "refused_peers": 0}
 
     def _credit(self, ident, client, r: Request) -> None:
         """Park the request in arrival order (answered by `_serve_credit` once this batch of messages is

@@ -126,4 +126,5 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
     for gid in ids:
         core.seen.setdefault(gid, True)
     core.ledger.clear()
-    return {"version": version, "groups": len(kept), "excluded": len(groups) - len(kept), "demos": len(demos)}
+    return {"version": version, "groups": len(kept), "excluded": len(groups) - len(kept), "demos": len(demos),
+            "counts": dict(counts)}  # the counters the restored buffer goes on from (launch.buffer_keeper)

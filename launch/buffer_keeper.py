@@ -18,6 +18,11 @@ never pulled. Their prompts are found with `lost_prompts` and generated again by
 *before* what the new buffer holds, so a group re-pushed to the new buffer in between is seen as held,
 never as lost. A group the dead buffer dropped (stale, filtered) is also in `lost`: its prompt is
 generated once more, which costs a rollout but can neither lose a prompt nor train one twice.
+
+Counters the run writes stay monotonic across restarts (`monotonic`): a restored buffer goes on from its
+snapshot's counts (and its handshake counters from 0), so the keeper carries, per counter, what each
+dead incarnation had counted past that point as last seen, and adds it to what the live one reports.
+Events of the dead buffer after the driver last read its stats are not counted.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class BufferKeeper:
         self.restarts = 0
         self.latest: tuple[Path, float] | None = None  # (snapshot, wall time just before it was taken)
         self._last_timer = time.monotonic()
+        self.carried: dict[str, int] = {}  # counter -> counted by the dead incarnations (`monotonic`)
+        self._seen: dict[str, int] = {}  # the live incarnation's counters as last read
 
     def start(self, restore: tuple[str, list] | None = None) -> str:
         from buffer.process import start_buffer_process
@@ -102,8 +109,25 @@ class BufferKeeper:
         restore = None if self.latest is None else (str(self.latest[0]), [list(k) for k in trained])
         self.start(restore)
         self.restarts += 1
+        base = (self.proc.restored or {}).get("counts", {})
+        for k, v in self._seen.items():  # handshake counters start from 0, the others from the snapshot
+            self.carried[k] = self.carried.get(k, 0) + v - (0 if k.startswith("auth/") else base.get(k, 0))
+        self._seen = {}
         return {"snapshot": None if self.latest is None else str(self.latest[0]),
                 "since": 0.0 if self.latest is None else self.latest[1], "restored": self.proc.restored}
+
+    def monotonic(self, stats: dict) -> dict:
+        """`stats` of the live buffer with the counters the run writes carried over its restarts (module
+        docstring): dropped_stale, filtered/<reason>, auth refused / refused_peers."""
+        out = {**stats, "filtered": dict(stats.get("filtered", {})), "auth": dict(stats.get("auth", {}))}
+        flat = {"dropped_stale": (out, "dropped_stale"), "auth/refused": (out["auth"], "refused"),
+                "auth/refused_peers": (out["auth"], "refused_peers"),
+                **{f"filtered/{r}": (out["filtered"], r) for r in out["filtered"]}}
+        self._seen = {k: int(d.get(key, 0)) for k, (d, key) in flat.items()}
+        for k, n in self.carried.items():
+            d, key = flat.get(k) or (out["filtered"], k.split("/", 1)[1])  # a filter reason the new one has not seen
+            d[key] = d.get(key, 0) + n
+        return out
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -151,6 +151,7 @@ class Driver:
         return sync, sync_s, buffer
 
     def _driver_row(self, groups: list, times: StepTimes, sync: dict, buffer: dict) -> dict:
+        buffer = self.keeper.monotonic(buffer) if self.keeper is not None else buffer  # across restarts
         return step_row(groups, times, sync, buffer, version=self.version, actor_restarts=self.graph.restarts,
                         buffer_restarts=self.keeper.restarts if self.keeper is not None else 0,
                         actor_reports=self.recovery.reports.values())  # as of the last health check

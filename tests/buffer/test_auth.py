@@ -81,7 +81,7 @@ def test_plain_buffer_stays_on_loopback(start_buffer):
     assert addr.startswith("tcp://127.0.0.1:")
     with BufferClient(addr, "learner", timeout_s=10) as c:
         s = c.stats()
-    assert (s["address"], s["bind_address"], s["auth"]) == (addr, addr, {"curve": False, "refused": 0})
+    assert (s["address"], s["bind_address"], s["auth"]) == (addr, addr, {"curve": False, "refused": 0, "refused_peers": 0})
 
 
 def test_start_refuses_client_secrets_and_loopback_on_a_cluster():
@@ -146,6 +146,8 @@ def test_only_the_run_key_is_served_and_strangers_are_counted(curve_buffer):
     # protocol or no detail; wrong client key: ZAP refused)
     assert auth["refused_key"] >= 3 and auth["refused_protocol"] + auth["refused_other"] >= 6
     assert auth["refused"] == auth["refused_key"] + auth["refused_protocol"] + auth["refused_other"]
+    # peers, not attempts: the wrong client key from 127.0.0.1, plus one for the keyless handshakes
+    assert auth["refused_peers"] == 2 < auth["refused"]
 
 
 def test_actor_link_uses_the_run_keys(curve_buffer):
