@@ -3,18 +3,56 @@ learner ranks' part (`Learner.save`: weights, optimiser, RNG, learner_state.json
 snapshot, and the driver's part, extra_state.json: the run's position (learner steps taken, which are
 also the weight version, and the prompt ledger: `launch.position`). A checkpoint counts once committed
 (`learner.committed`); a resume restores all three, so no prompt is skipped or trained twice.
+
+A disk that fills during a save (ENOSPC, or a quota: EDQUOT, however Ray or the buffer wrapped it; or
+any failure with under 16 MiB left on the run's filesystem: torch.save's C++ writer reports a full disk
+as 'iostream error') stops the run cleanly: the staged checkpoint (and a half-written HF export) is deleted to give the space
+back, the committed checkpoints are untouched, and `DiskFull` (a `StorageError`: one console line, no
+traceback) names the folder, the last complete checkpoint and the command that continues from it.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
 from pathlib import Path
 
 from buffer.records import Key
 from launch.ledger import PromptLedger
 from launch.position import RunPosition
+from launch.storage import StorageError
+from learner.committed import committed_steps
 
 SNAPSHOT = "buffer.msgpack"
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(StorageError):
+    """The run's disk filled while a checkpoint was written (module docstring)."""
+
+
+LOW_SPACE = 16 << 20  # bytes: a save that failed with less than this left is a full disk
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes this process may still write on the filesystem of `path` (large when unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(e: BaseException | None) -> bool:
+    """Whether `e` (or what it wraps: a Ray task error, a buffer reply) is a full disk or quota."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in FULL or any(
+                text in str(e) for text in ("No space left on device", "Disk quota exceeded")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 class RunCheckpoints:
@@ -31,6 +69,23 @@ class RunCheckpoints:
         and the buffer service its snapshot, then committed (its COMMITTED marker written last) and older
         checkpoints rotated out (`keep`; never the one this run resumed from). With `export`, the policy
         is then written as an HF model to hf/step_<step> (`learner.checkpoint`)."""
+        try:
+            return self._save(export)
+        except Exception as e:
+            if not (disk_full(e) or free_bytes(self.run_dir) < LOW_SPACE):  # torch.save names no errno
+                raise
+        # raised out here, without the failed write's frames: a file it left open is closed (space freed)
+        step = self.position.step
+        for tmp in (self.run_dir / "checkpoints" / f".step_{step}.tmp", self.run_dir / "hf" / f".step_{step}.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)  # give the space back
+        found = committed_steps(self.run_dir / "checkpoints")
+        kept = (f"the last complete checkpoint, {self.run_dir / 'checkpoints' / f'step_{found[-1][0]}'}, is intact — "
+                f"free space, then continue from it: algo-train --resume {self.run_dir}") if found else \
+            "no complete checkpoint was written before — free space, then start over with --force"
+        raise DiskFull(f"the disk holding {self.run_dir} is full (no space left on device) while writing checkpoint "
+                       f"step_{step}; {kept}")
+
+    def _save(self, export: bool) -> Path:
         from learner import checkpoint as ckpts
 
         root, step = self.run_dir / "checkpoints", self.position.step
