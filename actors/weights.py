@@ -82,14 +82,3 @@ class WeightUpdates:
             raise RuntimeError(f"{self.name}: follow_weight_updates() before connect_weight_sync()")
         if self._follow_task is None or self._follow_task.done():
             self._follow_task = asyncio.create_task(self.receiver.run(), name=f"{self.name}-weights")
-
-
-def weight_metrics(reports) -> dict:
-    """Run metrics from the actors' last stats (`AsyncActor.stats`; docs/metrics.md): groups dropped because
-    their tokens were sampled under no version (after a failed or aborted push), and the share of the
-    generated tokens acknowledged by the buffer that sit in rows spanning more than one version."""
-    reports = list(reports)
-    tokens = sum(r.get("sent_tokens", 0) for r in reports)
-    mixed = sum(r.get("mixed_version_tokens", 0) for r in reports)
-    return {"actors/groups_no_version": sum(r.get("groups_no_version", 0) for r in reports),
-            "actors/mixed_version_share": mixed / tokens if tokens else None}

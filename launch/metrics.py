@@ -57,8 +57,9 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
              buffer_restarts: int, actor_reports: Iterable[dict]) -> dict[str, Any]:
     """The driver's keys of a step's row: the version after the step, train accuracy and throughput of
     the batch `groups`, the loop's times, the push settled since the last row (`sync`: weight-sync stats,
-    {} when none), the buffer's counters (`buffer`: its stats), restarts and the actors' reward errors
-    (`actor_reports`: their last stats)."""
+    {} when none), the buffer's counters (`buffer`: its stats), restarts, and the actors' reward errors and
+    version counters (`actor_reports`: their last stats)."""
+    actor_reports = list(actor_reports)
     samples = sum(g.n for g in groups)
     generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
     tokens = sum(int(s.tokens.size) for g in groups for s in g.samples)
@@ -78,8 +79,19 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/occupancy_groups": buffer.get("occupancy_groups", 0),
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
-        **reward_metrics(actor_reports),
+        **reward_metrics(actor_reports), **weight_metrics(actor_reports),
     }
+
+
+def weight_metrics(reports) -> dict:
+    """Run metrics from the actors' last stats (`AsyncActor.stats`; docs/metrics.md): groups dropped because
+    their tokens were sampled under no version (after a failed or aborted push), and the share of the
+    generated tokens acknowledged by the buffer that sit in rows spanning more than one version."""
+    reports = list(reports)
+    tokens = sum(r.get("sent_tokens", 0) for r in reports)
+    mixed = sum(r.get("mixed_version_tokens", 0) for r in reports)
+    return {"actors/groups_no_version": sum(r.get("groups_no_version", 0) for r in reports),
+            "actors/mixed_version_share": mixed / tokens if tokens else None}
 
 
 def merge_rows(**parts: dict[str, Any]) -> dict[str, Any]:
