@@ -32,9 +32,13 @@ the cluster joined, so that `joins_cluster(cfg)` answers "does this run span a c
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
+import shutil
 import socket
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,7 +124,31 @@ def init_ray(cfg: RunConfig) -> None:
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, log_to_driver=True, **RAY_INIT)
     else:
+        private_ray_token(os.environ)
         ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))), log_to_driver=True, **RAY_INIT)
+
+
+def private_ray_token(environ: MutableMapping[str, str]) -> Path | None:
+    """A token of its own for the local Ray a one-machine run starts. Ray's GCS, raylet and workers
+    listen on every interface whatever address they are given (Ray 2.60 turns 127.0.0.1 into the
+    machine's network address), so only token authentication keeps others who reach this machine from
+    using the run's Ray. Ray 2.60 turns it on for a new local cluster unless `RAY_AUTH_MODE` says
+    otherwise, with the user's shared `~/.ray/auth_token` (created world-readable when missing). Unless
+    the user chose a token (`RAY_AUTH_TOKEN` / `RAY_AUTH_TOKEN_PATH`) or a mode (`RAY_AUTH_MODE`, kept
+    as set: `disabled` leaves Ray open), the run's Ray gets a fresh random token in a private file
+    (0600, in a 0700 folder under the temp dir, removed at exit), named by `RAY_AUTH_TOKEN_PATH` in this
+    process's environment, which every process of the local Ray inherits. Returns the file (None when
+    the user's settings were kept)."""
+    if environ.get("RAY_AUTH_MODE") or environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="impala-ray-"))  # 0700
+    path = folder / "auth_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    return path
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -43,11 +45,14 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
     init_method: e.g. "tcp://host:port" (rank 0 hosts the store there, the others connect); default:
     env:// when MASTER_ADDR is set, else (world of one only) a private store on a free local port.
 
-    Interfaces: gloo binds the address the node's hostname resolves to, which on many hosts is
-    loopback (Debian's 127.0.1.1), so ranks on different nodes cannot reach each other; set
-    GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL) to the interface of the nodes' network on every
-    node (in the environment `ray start` runs in). A value set by the user is respected, never
-    overridden.
+    Listening: a "tcp://host:port" rendezvous store listens on `host` only (`rendezvous_store`: torch's
+    own would bind every interface); a loopback host (one machine) also keeps gloo's sockets on the
+    loopback interface (`GLOO_SOCKET_IFNAME`, and `NCCL_SOCKET_IFNAME` for NCCL's bootstrap, set for
+    this process when unset). On a cluster gloo binds the address the node's hostname resolves to,
+    which on many hosts is loopback (Debian's 127.0.1.1), so ranks on different nodes cannot reach
+    each other; set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL) to the interface of the nodes'
+    network on every node (in the environment `ray start` runs in). A value set by the user is
+    respected, never overridden.
     """
     if dist.is_initialized():
         if dist.get_world_size() != world_size or dist.get_rank() != rank:
@@ -65,8 +70,50 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+    url = urlsplit(init_method)
+    if url.scheme != "tcp":  # env:// (a launcher's own store), file://: as torch does it
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        return
+    if ipaddress.ip_address(socket.gethostbyname(url.hostname)).is_loopback:
+        keep_on_loopback()
+    store = rendezvous_store(url.hostname, url.port, rank == 0, timeout_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback interface ("lo" on Linux)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return "lo" if "lo" in names or not names else next((n for n in names if n.startswith("lo")), "lo")
+
+
+def keep_on_loopback() -> None:
+    """gloo (and NCCL's bootstrap) of this process bind the loopback interface, unless the user named
+    one (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are respected, never overridden). For one-machine runs:
+    gloo would otherwise bind whatever the hostname resolves to, which may be a network address."""
+    lo = loopback_interface()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+
+
+def rendezvous_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.TCPStore:
+    """The process group's store at host:port: rank 0 serves it on `host` only (a socket bound there is
+    handed to torch, `master_listen_fd`; torch's own server binds every interface), the others connect."""
+    timeout = timedelta(seconds=timeout_s)
+    if not is_server:
+        return dist.TCPStore(host, port, None, False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return dist.TCPStore(host, sock.getsockname()[1], None, True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=sock.detach())
 
 
 def comm_device() -> torch.device:

@@ -113,7 +113,7 @@ class WeightReceiver:
         store, self._config, rank, _ = await asyncio.to_thread(join_group, self.host, self.port, self.token,
                                                                self.name)
         await asyncio.to_thread(set_json, store, key_rank(rank), process_info(self.name))
-        plane_info = await asyncio.to_thread(get_json, store, key_plane(rank))
+        plane_info = {**await asyncio.to_thread(get_json, store, key_plane(rank)), "prefix": store.handle}  # + key
         store.set_timeout(timedelta(seconds=float(self._config["timeout_s"])))
         self._store, self.rank = store, rank
         await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=plane_info))

@@ -37,14 +37,13 @@ Usage (learner, all FSDP ranks iterate the gather; only rank 0 owns a sender)::
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from weightsync import backends
 from weightsync.delta import DeltaEncoder, int32_patch_nbytes
@@ -55,6 +54,7 @@ from weightsync.protocol import (
     WeightSyncError,
     describe_receiver,
     get_json,
+    group_handle,
     group_prefix,
     group_store,
     key_abort,
@@ -67,9 +67,12 @@ from weightsync.protocol import (
     maybe_json,
     new_nonce,
     proof_matches,
+    serve_store,
     set_json,
+    signed_root,
 )
 from weightsync.push_outcome import name_suspects, wait_acks
+from weightsync.signing import Forgeries, group_key, open_value
 from weightsync.staging import HostStager
 
 logger = logging.getLogger(__name__)
@@ -111,9 +114,11 @@ class WeightSender:
 
     ``host`` is the address receivers connect to and the one the gloo plane binds
     (``GLOO_SOCKET_IFNAME`` overrides the latter): this node's IP on a cluster, loopback (the
-    default) on a single machine. The store itself listens on every interface, whatever ``host`` is,
-    which is why ``token`` (the run's ``RunSecrets.weight_sync_token``) must be proven by every peer
-    before it gets a seat. ``port=0`` picks a free port (read it back from ``address``).
+    default) on a single machine; the store listens on that address only. Whoever reaches it can still
+    read and write it, which is why ``token`` (the run's ``RunSecrets.weight_sync_token``) must be
+    proven by every peer before it gets a seat, and every value is signed with a key derived from it
+    (``weightsync.signing``: forged values are refused and counted in ``forged``). ``port=0`` picks a
+    free port (read it back from ``address``).
     ``backend``: the data plane when ``plane`` is not given, by its name in ``weightsync.backends``:
     "gloo" (``GlooPlane``) or "nccl" (``weightsync.nccl_plane.NcclPlane`` over engines of ``tp`` workers
     each, TP × PP).
@@ -153,16 +158,18 @@ class WeightSender:
         self.connect_timeout_s = float(connect_timeout_s)
         self.cast_dtype = cast_dtype
         self._delta = DeltaEncoder(mode, full_every)
-        self._root = dist.TCPStore(host, port, None, True, timeout=timedelta(seconds=connect_timeout_s),
-                                   wait_for_workers=False)
-        self.address = (host, self._root.port)
+        self._raw = serve_store(host, port, connect_timeout_s)
+        self.address = (host, self._raw.port)
         self._token, self._nonce = token, new_nonce()
+        self._forgeries = Forgeries()  # values refused on either store: written by no run member
+        self._root = signed_root(self._raw, token, self._nonce, self._forgeries)
+        self._key = group_key(token, self._nonce)
         prefix = group_prefix(token, self._nonce)
-        self._store = group_store(self._root, prefix)
+        self._store = group_store(self._raw, group_handle(prefix, self._key), self._forgeries)
         bucket_bytes = max(1, int(bucket_mb * (1 << 20)))
         if plane is None:  # an unknown name raises before anything is built on it
             plane = backends.plane_class(backend).for_sender(PlaneContext(
-                self._store, host, self._root.port, prefix, num_receivers, tp, bucket_bytes=bucket_bytes,
+                self._store, host, self._raw.port, prefix, num_receivers, tp, bucket_bytes=bucket_bytes,
                 timeout_s=self.timeout_s, connect_timeout_s=self.connect_timeout_s, mirror=mode == "delta",
                 min_gbps=min_gbps))
         self.plane: SenderPlane = plane
@@ -195,17 +202,17 @@ class WeightSender:
         data-plane init_info) while seats are left and the group is not formed yet; any other is refused
         with the reason (``refused`` counts them) and never learns where the group keys are."""
         with self._lock:
-            drawn = self._root.add(TICKETS, 0)
+            drawn = self._raw.add(TICKETS, 0)
             self._unanswered.update(range(self._tickets + 1, drawn + 1))
             self._tickets = max(self._tickets, drawn)
             for t in sorted(self._unanswered):
-                if not self._root.check([key_hello(t)]):
+                if not self._raw.check([key_hello(t)]):
                     continue  # drew a ticket, has not said hello yet
                 self._unanswered.discard(t)
-                try:
-                    hello = get_json(self._root, key_hello(t))
+                try:  # a hello not signed with the group key is a stranger's (a refused peer)
+                    hello = json.loads(open_value(self._key, "root", key_hello(t), self._raw.get(key_hello(t))))
                     proven = proof_matches(self._token, self._nonce, t, hello.get("proof"))
-                except (ValueError, AttributeError):  # not JSON, or not an object
+                except (TypeError, ValueError, AttributeError):  # not signed, not JSON, not an object
                     hello, proven = {}, False
                 if not proven:
                     why = "wrong weight-sync token"
@@ -268,11 +275,12 @@ class WeightSender:
         """Announce ``payload``, broadcast it and wait until every engine has loaded it.
 
         Returns ``{version, seq, mode, backend, bytes, changed_frac, buckets, tensors, seconds, send_s,
-        ack_s, gbps, acks, ack_info, refused}`` where ``bytes`` counts the payload bytes on the wire,
-        ``changed_frac`` the changed elements / all elements (1.0 when dense), ``acks`` maps engine name
+        ack_s, gbps, acks, ack_info, refused, refused_peers, forged}`` where ``bytes`` counts the payload
+        bytes on the wire, ``changed_frac`` the changed elements / all elements (1.0 when dense), ``acks`` maps engine name
         -> the version that engine reports after loading, ``ack_info`` holds each receiver's full
-        acknowledgement (its load time etc) and ``refused`` counts the peers this sender refused so far
-        (answered before every push). Raises ``WeightSyncError`` (naming the failed engines) on a
+        acknowledgement (its load time etc), ``refused_peers`` counts the peers this sender refused so far
+        (answered before every push), ``forged`` the distinct forged store values it refused (written by
+        no run member), and ``refused`` both. Raises ``WeightSyncError`` (naming the failed engines) on a
         dead/frozen/failing receiver, and ``ValueError`` for a payload sent out of order.
         """
         if self._broken:
@@ -314,8 +322,15 @@ class WeightSender:
             "gbps": stats["bytes"] / max(t1 - t0, 1e-9) / 1e9,
             "acks": {a["name"]: a["version"] for a in acks.values()},
             "ack_info": {a["name"]: a for a in acks.values()},
-            "refused": self.refused,
+            "refused": self.refused + self.forged,
+            "refused_peers": self.refused,
+            "forged": self.forged,
         }
+
+    @property
+    def forged(self) -> int:
+        """Distinct store values this sender refused as forged (not signed by a run member)."""
+        return self._forgeries.count
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
         """``send(prepare(named_tensors, version))``."""

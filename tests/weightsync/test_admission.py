@@ -19,7 +19,9 @@ from weightsync.protocol import (
     key_admit,
     key_hello,
     key_push,
+    read_config,
     set_json,
+    signed_root,
 )
 
 TOKEN = "c3" * 32
@@ -42,14 +44,16 @@ class RawPeer:
 
     def __init__(self, address: tuple[str, int]):
         self.root = connect_store(*address, 30)
-        self.nonce = get_json(self.root, "config")["nonce"]
+        self.nonce = read_config(self.root, TOKEN)["nonce"]  # the config is signed: checked with the run's token
         self.ticket = self.root.add(TICKETS, 1)
 
     def say(self, raw: bytes) -> None:
         self.root.set(key_hello(self.ticket), raw)
 
     def verdict(self) -> dict:
-        return get_json(self.root, key_admit(self.ticket)) if self.root.check([key_admit(self.ticket)]) else {}
+        """The sender's (signed) verdict on this peer's ticket; {} while there is none."""
+        return get_json(signed_root(self.root, TOKEN, self.nonce), key_admit(self.ticket)) \
+            if self.root.check([key_admit(self.ticket)]) else {}
 
 
 def _screen_until(sender: WeightSender, done, what: str) -> None:
@@ -83,7 +87,7 @@ def test_strangers_are_refused_and_counted_while_the_push_reaches_the_receivers(
 
     # A late peer that does prove the token gets no seat either: the group is formed.
     late = RawPeer(sender.address)
-    set_json(late.root, key_hello(late.ticket),
+    set_json(signed_root(late.root, TOKEN, late.nonce), key_hello(late.ticket),
              {"name": "late", "proof": admission_proof(TOKEN, late.nonce, late.ticket)})
     assert sender.push(iter(_weights()), version=8)["refused"] == 3
     assert late.verdict() == {"error": "all 2 receiver seats are taken"}
