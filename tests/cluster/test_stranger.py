@@ -1,0 +1,197 @@
+"""A stranger in a second network namespace against a one-machine run (issue 23 item 1).
+
+Namespace S is joined to this machine's own namespace by a veth pair (this side 198.18.3.1, S
+198.18.3.2, S routes everything through it), so from S every address of this machine is "the
+network". While a short `algo-train --algo grpo` runs here, every TCP socket its processes listen on
+is sampled (`ss -ltnp` for the run's process tree); the stranger in S then dials each of them at
+every address of this machine and sends what a client of the run's services would send (a TCPStore
+`list_keys`), an HTTP/2 preface (what a gRPC server answers) and an HTTP request.
+
+What it shows: the run's own services (buffer, learner rendezvous store, weight-sync store, gloo,
+vLLM's sockets) listen on loopback only, so the stranger cannot even connect; what does answer from S
+is Ray's (its gRPC servers and agents listen on every interface whatever address they are given), and
+the run's local Ray has a token the stranger does not hold: its `ray.init` to the run's GCS is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cluster import netns
+from tests.e2e.helpers import command
+
+pytestmark = pytest.mark.slow
+
+HERE, THERE = "198.18.3.1", "198.18.3.2"
+
+# From S: dial HOST:PORT for each argv; record what each answers. Prints {target: outcome}.
+PROBE = r"""
+import json, socket, sys
+from datetime import timedelta
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        c = socket.create_connection((host, int(port)), timeout=5)
+    except OSError as e:
+        out[target] = "refused: " + type(e).__name__
+        continue
+    c.settimeout(3)
+    try:
+        c.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        head = c.recv(9)
+    except OSError:
+        head = b""
+    c.close()
+    if len(head) >= 4 and head[3] == 4:
+        out[target] = "grpc"  # a SETTINGS frame: an HTTP/2 (gRPC) server, i.e. Ray's
+        continue
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as c:
+            c.settimeout(3)
+            c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            out[target] = "http: " + c.recv(64).decode(errors="replace").splitlines()[0][:40]
+    except (OSError, IndexError):
+        out[target] = "accepted, no answer"
+print(json.dumps(out))
+"""
+
+# From S: join the run's Ray without its token (no RAY_AUTH_* in the environment, an empty HOME); Ray
+# may keep retrying a refused connection, so 60 s without joining counts as refused.
+JOIN_RAY = """
+import signal, sys
+def give_up(*_):
+    print("NOT JOINED within 60 s (ray.init kept retrying)", flush=True)
+    raise SystemExit(0)
+signal.signal(signal.SIGALRM, give_up)
+signal.alarm(60)
+import ray
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+    print("JOINED", ray.cluster_resources())
+except Exception as e:
+    print("REFUSED", type(e).__name__, str(e)[:200])
+"""
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def stranger_ns():
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(f"the stranger needs a network namespace: {reason}")
+    tag = f"{os.getpid() % 100000}"
+    ns, here, there = f"c9s-{tag}", f"v9h{tag}"[:15], f"v9s{tag}"[:15]
+    _sh("ip", "netns", "add", ns)
+    try:
+        _sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
+        _sh("ip", "link", "set", there, "netns", ns)
+        _sh("ip", "addr", "add", f"{HERE}/24", "dev", here)
+        _sh("ip", "link", "set", here, "up")
+        _sh("ip", "-n", ns, "addr", "add", f"{THERE}/24", "dev", there)
+        _sh("ip", "-n", ns, "link", "set", there, "up")
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "-n", ns, "route", "add", "default", "via", HERE)
+        yield ns
+    finally:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def tree(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for line in subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    out, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        todo += children.get(p, [])
+    return out
+
+
+def listeners(pids: set[int]) -> dict[tuple[str, int], str]:
+    """(address, port) -> process name, for every TCP listener of `pids`."""
+    out = {}
+    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines():
+        found = re.findall(r'\("([^"]+)",pid=(\d+)', line)
+        names = [name for name, pid in found if int(pid) in pids]
+        if names:
+            addr, _, port = line.split()[3].rpartition(":")
+            out[(addr.strip("[]"), int(port))] = names[0]
+    return out
+
+
+def my_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+    return [a["local"] for link in json.loads(out) for a in link.get("addr_info", []) if a["local"] != "127.0.0.1"]
+
+
+def test_a_stranger_cannot_reach_a_one_machine_run(stranger_ns, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    argv = command(out, str(tmp_path / "model-cache"), "--algo", "grpo", "--actors", "1", "--steps", "3",
+                   "--set", "learner.world_size=2", "--set", "learner.cpus_per_rank=0.5",
+                   "--set", "rollout.cpus_per_actor=0.5", "--set", "model.sft_warmup_steps=0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "GLOO_SOCKET", "NCCL_SOCKET"))}
+    with open(log, "wb") as f:
+        run = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env | {"RAY_DEDUP_LOGS": "1"},
+                               start_new_session=True)
+    seen: dict[tuple[str, int], str] = {}
+    probed: dict[str, str] = {}
+    ray_join = ""
+    try:
+        deadline = time.monotonic() + 480
+        while run.poll() is None and time.monotonic() < deadline:
+            seen |= listeners(tree(run.pid))
+            if "step 1/" in log.read_text(errors="replace") and not probed:
+                # every service is up (the first weight push is done): the stranger dials all of them
+                targets = [f"{host}:{port}" for _, port in seen for host in my_addresses()]
+                res = subprocess.run(["ip", "netns", "exec", stranger_ns, sys.executable, "-c", PROBE, *targets],
+                                     capture_output=True, text=True, timeout=300)
+                probed = json.loads(res.stdout.strip().splitlines()[-1])
+                gcs = [port for (_, port), name in seen.items() if name == "gcs_server"]
+                empty = tmp_path / "home"
+                empty.mkdir()
+                res = subprocess.run(["ip", "netns", "exec", stranger_ns, sys.executable, "-c", JOIN_RAY,
+                                      f"{my_addresses()[0]}:{gcs[0]}"], capture_output=True, text=True,
+                                     timeout=120, env=env | {"HOME": str(empty)})
+                ray_join = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-300:]
+            time.sleep(0.5)
+        assert run.wait(timeout=120) == 0, log.read_text(errors="replace")[-4000:]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.wait(timeout=60)
+
+    print("[stranger] listeners of the run:\n" + "\n".join(f"  {a}:{p} {n}" for (a, p), n in sorted(seen.items())))
+    print("[stranger] from the other namespace:\n" + "\n".join(f"  {t}: {o}" for t, o in sorted(probed.items())))
+    print(f"[stranger] ray.init without the run's token: {ray_join}")
+    assert probed, "the run never reached step 1"
+    ray_names = ("gcs_server", "raylet", "ray::", "python")  # `python`: Ray's agents and the driver's core worker
+    wide = {(a, p): n for (a, p), n in seen.items() if a not in ("127.0.0.1", "::1")}
+    # whatever listens beyond loopback is Ray's: its gRPC servers, or its agents' HTTP
+    answered = {t: o for t, o in probed.items() if not o.startswith("refused")}
+    assert all(o == "grpc" or o.startswith("http") for o in answered.values()), answered
+    assert all(n.startswith(ray_names) for n in wide.values()), wide
+    # the run's own services answer nothing from S: every port listening on loopback only is refused there
+    loopback_ports = {p for (a, p) in seen if a == "127.0.0.1"} - {p for (_, p) in wide}
+    assert loopback_ports and all(probed[f"{h}:{p}"].startswith("refused") for p in loopback_ports
+                                  for h in my_addresses())
+    assert ray_join.startswith(("REFUSED", "NOT JOINED")), ray_join
