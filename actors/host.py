@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import Future
 
 from actors.engine import EngineSpec, build_engine, shutdown_engine
@@ -63,6 +64,21 @@ class EngineHost:
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+    def served_labels(self, timeout_s: float = 60.0) -> dict:
+        """The engine's weight-version label and the labels of one greedy token it generates now."""
+        async def go():
+            from vllm import SamplingParams
+
+            label = await self.engine.get_weight_version()
+            params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+            final = None
+            async for out in self.engine.generate({"prompt_token_ids": [1, 2, 3]}, params,
+                                                  request_id=f"labels-{time.monotonic_ns()}"):
+                final = out
+            return {"label": label, "token_labels": [s.version for s in final.outputs[0].weight_versions or []]}
+
+        return self.call(go(), timeout_s=timeout_s)
 
     def __enter__(self) -> EngineHost:
         return self

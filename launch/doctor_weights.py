@@ -166,20 +166,7 @@ class WeightPeer:
 
     def serving(self) -> dict:
         """The engine's weight-version label, the receiver's version, and the labels of one generated token."""
-        async def go():
-            from vllm import SamplingParams
-
-            label = await self.host.engine.get_weight_version()
-            params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-            final = None
-            async for out in self.host.engine.generate({"prompt_token_ids": [1, 2, 3]}, params,
-                                                       request_id=f"doctor-{time.monotonic_ns()}"):
-                final = out
-            spans = final.outputs[0].weight_versions or []
-            return {"label": label, "version": self.receiver.version if self.receiver else None,
-                    "token_labels": [s.version for s in spans]}
-
-        return self.host.call(go(), timeout_s=60)
+        return {**self.host.served_labels(), "version": self.receiver.version if self.receiver else None}
 
     def close(self) -> None:
         if self.sender is not None:

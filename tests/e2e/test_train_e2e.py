@@ -49,9 +49,11 @@ def user_args(assets: RealAssets, *args: str) -> list[str]:
 def algo_args(algo: str, assets: RealAssets) -> list[str]:
     if algo == "prime":
         return ["--set", "buffer.acc_lo=0.0"]  # keep the groups the model fails entirely
-    if algo == "pure":  # the HF PRM; also the bf16 delta weight sync end to end: pushes 1 and 3 dense, 2 a delta
+    if algo == "pure":  # the HF PRM; also the bf16 delta weight sync end to end: pushes 1 and 3 dense, 2 a delta.
+        # A 7B-like lr: at 1e-6 few bf16 values move per step, so push 2 travels as a delta; at pure.yaml's 1e-4
+        # most do, and a delta over half the elements is sent dense (weightsync.delta's fallback)
         return ["--set", "pure.prm=hf", "--set", f"pure.prm_path={assets.prm}", "--set", "model.dtype=bfloat16",
-                "--set", "weight_sync.mode=delta", "--set", "weight_sync.full_every=2"]
+                "--set", "weight_sync.mode=delta", "--set", "weight_sync.full_every=2", "--set", "learner.lr=1e-6"]
     if algo == "luffy":
         return ["--demos", str(assets.data)]  # MATH-500's solutions are the teacher's
     return []
