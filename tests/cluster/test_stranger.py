@@ -66,14 +66,15 @@ print(json.dumps(out))
 """
 
 # From S: join the run's Ray without its token (no RAY_AUTH_* in the environment, an empty HOME); Ray
-# may keep retrying a refused connection, so 60 s without joining counts as refused.
+# may keep retrying a refused connection, so 20 s without joining counts as refused (a joinable GCS answers
+# ray.init within seconds on this machine).
 JOIN_RAY = """
 import signal, sys
 def give_up(*_):
-    print("NOT JOINED within 60 s (ray.init kept retrying)", flush=True)
+    print("NOT JOINED within 20 s (ray.init kept retrying)", flush=True)
     raise SystemExit(0)
 signal.signal(signal.SIGALRM, give_up)
-signal.alarm(60)
+signal.alarm(20)
 import ray
 try:
     ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
