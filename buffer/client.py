@@ -332,9 +332,11 @@ class BufferClient:
         self._check(self._call("release", {"n": max(0, min(n, 1 << 20))}))
 
     # ---- learner side ----------------------------------------------------------------------------------
-    def set_version(self, version: int) -> dict:
-        """Tell the buffer the learner's version; returns the buffer's `stats` as of just after it."""
-        rep = self._call("set_version", {"version": int(version)})
+    def set_version(self, version: int, max_staleness: int | None = None) -> dict:
+        """Tell the buffer the learner's version (and a raised staleness bound, versions: `max_staleness:
+        auto`); returns the buffer's `stats` as of just after it."""
+        fields = {"version": int(version)} | ({} if max_staleness is None else {"max_staleness": int(max_staleness)})
+        rep = self._call("set_version", fields)
         self._check(rep)
         return rep.fields["stats"]
 

@@ -7,6 +7,12 @@ advances, and at serve time), applies the group filter after demonstrations are 
 group whose on-policy rows all failed but whose teacher row succeeded is kept), and counts every drop,
 filter and rejection by reason.
 
+The bound K may be raised mid-run (`set_version(v, max_staleness)`, for `max_staleness: auto`), never
+lowered: credit in flight was granted under the bound in force. A group is admitted when its push is
+accepted, and it keeps the bound in force then (`WireGroup.bound`): the later checks hold it to that
+bound, so raising K never loosens the bound of a group already stored and every group served satisfies
+the bound it was admitted under.
+
 A group the buffer discards (filtered, or dropped as stale) settles its prompt for that epoch just as
 training it would: its (epoch, prompt) key is kept in `discarded` and handed to the learner with the
 next pull (`served_discarded`), so the driver's ledger -- the one owner of prompt progress -- knows it
@@ -36,6 +42,7 @@ class BufferCore:
         self.limits = settings.limits
         self.clock = clock
         self.version = 0
+        self.max_staleness = settings.max_staleness  # K for new credit and arrivals; only ever raised
         self.served_at_version = 0  # groups handed to the learner since the version last advanced
         self.queue: deque[WireGroup] = deque()
         self.ledger = CreditLedger()
@@ -64,7 +71,7 @@ class BufferCore:
 
     def _grant(self, want: int, actor_version: int) -> int:
         return credit_grant(want, actor_version, self.version, self.queued, self.served_at_version,
-                            self.s.batch_prompts, self.s.max_staleness, self.s.capacity_groups)
+                            self.s.batch_prompts, self.max_staleness, self.s.capacity_groups)
 
     def grant_waiting(self, requests: list[tuple[str, int, int]]) -> list[int]:
         """Credit for waiting requests (client, want, actor_version), oldest first: the free units are
@@ -125,17 +132,18 @@ class BufferCore:
             wg = attach_demo(wg, demo[0], demo[1], k)
             self.counts["demo_rows_used"] += k
             self.counts["demo_groups"] += 1
-        if is_stale(self.version, wg.oldest_version, self.s.max_staleness):
+        if is_stale(self.version, wg.oldest_version, self.max_staleness):
             self._drop(wg, "stale_on_arrival")
             self._remember(gid, False)
             return False, "stale", (f"group {gid!r}: oldest version {wg.oldest_version} is more than "
-                                    f"{self.s.max_staleness} behind the learner's {self.version}")
+                                    f"{self.max_staleness} behind the learner's {self.version}")
         why = self._filtered(wg)
         if why:
             self.counts[f"filtered/{why}"] += 1
             self.discarded.append(list(wg.key))
             self._remember(gid, False)
             return False, f"filtered_{why}", f"group {gid!r}: mean reward {wg.rewards().mean():.3f} ({why} filter)"
+        wg.bound = self.max_staleness
         self.queue.append(wg)
         self._remember(gid, True)
         self.counts["groups_in"] += 1
@@ -159,20 +167,28 @@ class BufferCore:
         self.discarded.append(list(wg.key))
 
     def _purge(self, why: str) -> None:
-        if any(is_stale(self.version, g.oldest_version, self.s.max_staleness) for g in self.queue):
+        if any(is_stale(self.version, g.oldest_version, g.bound) for g in self.queue):
             keep = deque()
             for g in self.queue:
-                if is_stale(self.version, g.oldest_version, self.s.max_staleness):
+                if is_stale(self.version, g.oldest_version, g.bound):
                     self._drop(g, why)
                 else:
                     keep.append(g)
             self.queue = keep
 
     # ---- learner side ----------------------------------------------------------------------------------
-    def set_version(self, version: int) -> None:
+    def set_version(self, version: int, max_staleness: int | None = None) -> None:
+        """The learner's new version and, optionally, a raised staleness bound for new credit and arrivals
+        (`max_staleness: auto`). Never lowered: credit in flight was granted under the bound in force."""
         if version < self.version:
             raise WireError(C.BAD_VALUE, f"set_version: {version} is below the current version {self.version}; "
                                          f"versions never go back (restore a snapshot to rewind)")
+        if max_staleness is not None and max_staleness < self.max_staleness:
+            raise WireError(C.BAD_VALUE, f"set_version: max_staleness {max_staleness} is below the bound in force, "
+                                         f"{self.max_staleness}; it is never lowered (credit in flight was granted "
+                                         f"under it)")
+        if max_staleness is not None:
+            self.max_staleness = max_staleness
         if version > self.version:
             self.served_at_version = 0
         self.version = version
@@ -186,7 +202,7 @@ class BufferCore:
         out: list[WireGroup] = []
         while len(out) < num and len(self.queue) >= num - len(out):
             g = self.queue.popleft()
-            if is_stale(self.version, g.oldest_version, self.s.max_staleness):  # defensive: purged already
+            if is_stale(self.version, g.oldest_version, g.bound):  # defensive: purged already
                 self._drop(g, "stale_on_serve")
             else:
                 out.append(g)
@@ -199,7 +215,7 @@ class BufferCore:
         """Record groups handed to the learner; returns their lags."""
         lags = [staleness(self.version, g.oldest_version) for g in groups]
         for g, lag in zip(groups, lags):
-            assert lag <= self.s.max_staleness, "a stale group reached the learner"
+            assert lag <= g.bound, "a stale group reached the learner"
             self.lag_hist[lag] += 1
             self.served_at_version += 1
             self.counts["groups_out"] += 1
@@ -238,7 +254,7 @@ class BufferCore:
 
         served = sum(self.lag_hist.values())
         return {
-            "version": self.version, "served_at_version": self.served_at_version, "max_staleness": self.s.max_staleness, "batch_prompts": self.s.batch_prompts,
+            "version": self.version, "served_at_version": self.served_at_version, "max_staleness": self.max_staleness, "batch_prompts": self.s.batch_prompts,
             "capacity_groups": self.s.capacity_groups, "occupancy_groups": len(self.queue),
             "occupancy_samples": sum(g.n for g in self.queue),
             **{k: c[k] for k in ("groups_in", "groups_out", "samples_in", "samples_out", "dropped_stale",

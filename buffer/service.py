@@ -297,7 +297,7 @@ class BufferService:
         grants = core.grant_waiting([(w.client, w.want, w.actor_version) for w in self.pending_credit])
         for w, g in zip(self.pending_credit, grants):
             if not (g or now >= w.deadline or w.want == 0
-                    or behind(w.actor_version, core.version, self.settings.max_staleness)):
+                    or behind(w.actor_version, core.version, core.max_staleness)):
                 keep.append(w)
                 continue
             core.counts["credit_units_denied"] += w.want - g
@@ -324,7 +324,10 @@ class BufferService:
             self._serve_waiting()
 
     def _set_version(self, ident, client, r: Request) -> None:
-        self.core.set_version(r.fields["version"])
+        before = self.core.max_staleness
+        self.core.set_version(r.fields["version"], r.fields.get("max_staleness"))
+        if self.core.max_staleness != before:
+            log.info("max_staleness raised %d -> %d at version %d", before, self.core.max_staleness, self.core.version)
         # the stats ride along: the driver's one round trip after a step, answered before the credit this
         # version frees wakes the actors (their requests would queue ahead of a separate `stats`)
         self._reply(ident, r.req, fields={"version": self.core.version, "stats": self._stats_now()})

@@ -55,12 +55,13 @@ def listen_hosts(host: str, advertise_host: str | None) -> tuple[str, str]:
     return host, host
 
 
-LAUNCHER_KEYS = {"snapshot_every_s"}  # `buffer:` keys the launcher acts on; the service ignores them
+# `buffer:` keys the launcher acts on; the service ignores them (auto: the driver raises K via set_version)
+LAUNCHER_KEYS = {"snapshot_every_s", "max_staleness_auto", "max_staleness_cap"}
 
 
 @dataclass
 class BufferSettings:
-    max_staleness: int = 1  # K, versions
+    max_staleness: int = 1  # K, versions, at start (`BufferCore.max_staleness` holds the one in force)
     capacity_groups: int = 256  # groups stored + credited in flight
     filter: str = "none"
     acc_lo: float = 0.2

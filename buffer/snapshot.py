@@ -1,6 +1,7 @@
 """Snapshot / restore of the buffer's contents for exact resume: one msgpack file, written atomically.
 
-Holds the stored groups (their validated wire frames, byte for byte), the demonstrations, the counters,
+Holds the stored groups (their validated wire frames, byte for byte, and the staleness bound each was
+admitted under), the demonstrations, the counters,
 the lag histogram, the learner version and the recent group ids (so actors re-sending after a resume
 are still recognised as duplicates). Credits are not saved: actors are restarted on resume and ask
 again. Restoring re-validates every group and demonstration with the wire checks and swaps the state
@@ -34,6 +35,7 @@ def write_snapshot(core: BufferCore, path: str) -> int:
     state = {
         "schema": SCHEMA_VERSION, "type": "snapshot", "version": core.version,
         "groups": [[C.buffer_of(f) for f in g.frames] for g in core.queue],
+        "bounds": [g.bound for g in core.queue],
         "demos": {**fields, "tokens": C.buffer_of(frames[0])},
         "counts": [[k, v] for k, v in core.counts.items()],
         "lag_hist": [[k, v] for k, v in core.lag_hist.items()],
@@ -97,6 +99,11 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
         if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
             raise WireError(C.BAD_TYPE, f"snapshot.groups[{i}]: expected a list of byte frames")
         groups.append(parse_group(frames, limits))
+    bounds = C.get_list(h, "bounds", "snapshot", 1 << 24) if "bounds" in h else [core.max_staleness] * len(groups)
+    if len(bounds) != len(groups) or not all(_count(b) for b in bounds):
+        raise WireError(C.BAD_VALUE, f"snapshot {path}: need one staleness bound ≥ 0 per stored group")
+    for g, b in zip(groups, bounds):
+        g.bound = b
     dh = C.get_map(h, "demos", "snapshot")
     tokens = C.need(dh, "tokens", "snapshot.demos")
     if not isinstance(tokens, bytes):

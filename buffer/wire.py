@@ -13,7 +13,8 @@ Requests (client -> buffer) and their fields:
   credit       want, actor_version [, wait_ms]  -> granted, learner_version  (waits up to wait_ms for room)
   release      n                        -> released
   push         count + count group units -> acks [[accepted, reason, message], ...]  (one per group)
-  set_version  version                  -> version, stats (as `stats` returns them)
+  set_version  version [, max_staleness] -> version, stats (as `stats` returns them; max_staleness raises
+                                        the bound for new credit and arrivals, never lowers it)
   pull         num_groups, timeout_ms [, version]  -> count, version, lags, discarded + count group units
                                         (reason "timeout"; `version` = set_version first; discarded =
                                         [epoch, prompt] of groups filtered or dropped since the last pull)
@@ -57,7 +58,8 @@ _INT_FIELDS = {
     "add_demos": {},
     "snapshot": {}, "restore": {},
 }
-_OPTIONAL_INT_FIELDS = {"credit": {"wait_ms": (0, 86_400_000)}, "pull": {"version": (0, MAX_INDEX)}}
+_OPTIONAL_INT_FIELDS = {"credit": {"wait_ms": (0, 86_400_000)}, "pull": {"version": (0, MAX_INDEX)},
+                        "set_version": {"max_staleness": (0, MAX_INDEX)}}
 REQUEST_TYPES = tuple(_INT_FIELDS)
 
 

@@ -122,6 +122,7 @@ class WireGroup:
     frames: list  # [header bytes, data frame], exactly what is sent on
     arrays: dict[str, np.ndarray] = field(repr=False)
     oldest_version: int | None = None
+    bound: int | None = None  # versions: the staleness bound in force when the buffer admitted it (`BufferCore.push`)
 
     group_id = property(lambda self: self.header["group_id"])
     prompt_index = property(lambda self: self.header["prompt_index"])

@@ -20,8 +20,8 @@ from pydantic import Field, create_model, field_validator, model_validator
 import algos
 from configs.algo_sections import SECTIONS
 from configs.base import Section
+from configs.buffer_section import BufferConfig
 from configs.shared import (
-    BufferConfig,
     DataConfig,
     LearnerConfig,
     LoggingConfig,
@@ -131,6 +131,9 @@ class _SharedConfig(Section):
         The learner pulls batch_prompts stored groups at once, so it needs W ≥ batch_prompts; as
         (K + 1) × B ≥ B, that is capacity_groups ≥ batch_prompts. Fewer units than actors (W < num_actors)
         or than they could run (W < num_actors × prompts_in_flight) works: actors take turns."""
+        if self.buffer.max_staleness_auto and self.buffer.max_staleness_cap < self.buffer.max_staleness:
+            yield (f"buffer.max_staleness_cap: {self.buffer.max_staleness_cap} is below buffer.max_staleness="
+                   f"{self.buffer.max_staleness}, where max_staleness_auto starts (it only raises K) — raise the cap")
         if spec.trains_on_demonstrations_only:  # the driver makes its batches itself
             return
         b, cap, k = self.learner.batch_prompts, self.buffer.capacity_groups, self.buffer.max_staleness

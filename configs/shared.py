@@ -8,7 +8,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from algos.options import function_name
-from buffer.settings import FILTERS
 from configs.base import AutoCount, Section
 from weightsync.backends import names as weight_sync_backends
 
@@ -174,42 +173,6 @@ class RolloutConfig(Section):
         """`kv_cache_gib` for an engine: on CPU 1 GiB when null; on GPUs null stays null (the cache then
         fills rollout.engine.gpu_memory_utilization)."""
         return CPU_KV_CACHE_GIB if self.kv_cache_gib is None and not gpu else self.kv_cache_gib
-
-
-class BufferConfig(Section):
-    max_staleness: int = Field(
-        1, ge=0, description="K: a row whose oldest token is more than K versions behind the learner is never "
-                             "trained on; 0 = synchronous")
-    capacity_groups: int = Field(256, gt=0, description="groups (prompts) the buffer holds before back-pressure")
-    filter: Literal[FILTERS] = Field(
-        "none", description="group filter: drop all-0/all-1 groups, or keep acc_lo ≤ mean ≤ acc_hi")
-    acc_lo: float = Field(0.2, ge=0, le=1, description="accuracy_window lower bound (inclusive)")
-    acc_hi: float = Field(0.8, ge=0, le=1, description="accuracy_window upper bound (inclusive)")
-    max_message_mb: float = Field(64.0, gt=0, description="largest accepted wire message, MiB")
-    host: str = Field(
-        "auto", description="where the buffer listens: auto = loopback (127.0.0.1) when the run is one machine; on a "
-                            "cluster every interface (0.0.0.0), and actors are told the driver node's IP as Ray "
-                            "reports it. An IPv4 address binds that interface and is what clients use (0.0.0.0: every "
-                            "interface, clients told the node IP, or loopback on one machine); a loopback address is "
-                            "refused on a cluster. Connections are authenticated with the run's CURVE keys either way")
-    port: int = Field(0, ge=0, lt=65536, description="TCP port; 0 = pick a free one (a restarted buffer keeps it)")
-    snapshot_every_s: float = Field(
-        60.0, ge=0, description="seconds between the driver's snapshots of the buffer to run_dir/buffer/ (also one "
-                                "with every checkpoint); a buffer process that dies is restarted from the latest. "
-                                "0 = only with checkpoints")
-
-    @field_validator("host")
-    @classmethod
-    def _auto_or_ipv4(cls, v: str) -> str:
-        import ipaddress
-
-        if v != "auto":
-            try:
-                ipaddress.IPv4Address(v)
-            except ValueError:
-                raise ValueError(f"{v!r} is neither 'auto' nor an IPv4 address; use auto, 0.0.0.0 or one of this "
-                                 f"node's IPs") from None
-        return v
 
 
 class LearnerConfig(Section):

@@ -7,6 +7,10 @@ the push of v + 1 starts, before an evaluation (which must see version v) and at
 push is in flight, so an actor is never more than one version behind the learner's pushes, and the
 buffer's staleness accounting (which counts from the learner's version) is unchanged.
 
+With `buffer.max_staleness_auto` the driver feeds each step's wait and busy time to
+`launch.staleness_auto.AutoStaleness` and sends the bound it chooses with the next `set_version`; the
+buffer enforces it and reports it back (`buffer/max_staleness`).
+
 Dead actors and a dead buffer process are restarted where the run is (`launch.recovery`); the run's
 position (learner steps = the weight version, and the prompt ledger) is `launch.position`, and its
 checkpoints save and resume it with the learner and the buffer (`launch.run_checkpoints`).
@@ -48,6 +52,7 @@ from launch.progress import Progress
 from launch.recovery import Recovery
 from launch.run_checkpoints import RunCheckpoints
 from launch.samples import SampleLog
+from launch.staleness_auto import AutoStaleness
 from tasks.rewards import first_error
 
 PULL_POLL_S = 5.0  # how often a driver waiting for a batch checks actor health
@@ -86,6 +91,8 @@ class Driver:
             if algos.get(cfg.algo).trains_on_demonstrations_only else None
         self.checkpoints = RunCheckpoints(run_dir, graph, self.recovery, self.position, progress,
                                           cfg.learner.keep_checkpoints, keeper)
+        self.auto = AutoStaleness(cfg.buffer.max_staleness, cfg.buffer.max_staleness_cap) \
+            if cfg.buffer.max_staleness_auto else None
         self._stop_requested = False
         self._reward_error_shown = False
 
@@ -147,14 +154,25 @@ class Driver:
         t0 = time.monotonic()
         sync = self._sync_weights()  # the previous version's push, which overlapped this step
         sync_s = time.monotonic() - t0
-        buffer = self.recovery.call_on_live_buffer(lambda c: c.set_version(self.version))  # with its stats
+        k = self.auto.k if self.auto is not None else None  # a raised bound rides along (max_staleness: auto)
+        buffer = self.recovery.call_on_live_buffer(lambda c: c.set_version(self.version, k))  # with its stats
         return sync, sync_s, buffer
 
     def _driver_row(self, groups: list, times: StepTimes, sync: dict, buffer: dict) -> dict:
         buffer = self.keeper.monotonic(buffer) if self.keeper is not None else buffer  # across restarts
-        return step_row(groups, times, sync, buffer, version=self.version, actor_restarts=self.graph.restarts,
-                        buffer_restarts=self.keeper.restarts if self.keeper is not None else 0,
-                        actor_reports=self.recovery.reports.values())  # as of the last health check
+        row = step_row(groups, times, sync, buffer, version=self.version, actor_restarts=self.graph.restarts,
+                       buffer_restarts=self.keeper.restarts if self.keeper is not None else 0,
+                       actor_reports=self.recovery.reports.values())  # as of the last health check
+        return row | {"buffer/max_staleness": buffer.get("max_staleness")}  # the bound it enforces from now on
+
+    def _retune(self, times: StepTimes, evaluated: bool) -> None:
+        """max_staleness: auto: one step's times to the chooser, its decision on the console."""
+        if self.auto is None:
+            return
+        if line := self.auto.observe(self.position.step, times.wait_s, times.since_last_s - times.wait_s):
+            self.progress.message(line)
+        if evaluated:
+            self.auto.restart()
 
     def _cadence(self) -> dict:
         """What falls due after this step: an evaluation (its keys are returned), then a checkpoint (with
@@ -202,10 +220,11 @@ class Driver:
                     groups, wait_s = self._pull()
                     learned, train_s = self._train(groups)
                     sync, sync_s, buffer = self._publish()
-                    driven = self._driver_row(groups, clock.lap(wait_s=wait_s, train_s=train_s, sync_s=sync_s),
-                                              sync, buffer)
+                    times = clock.lap(wait_s=wait_s, train_s=train_s, sync_s=sync_s)
+                    driven = self._driver_row(groups, times, sync, buffer)
                     self._show_reward_error()
-                    row = merge_rows(learner=learned, driver=driven, evaluation=self._cadence())
+                    row = merge_rows(learner=learned, driver=driven, evaluation=(evaluated := self._cadence()))
+                    self._retune(times, bool(evaluated))
                     outputs.write(self.position.step, groups, row)
                     self.recovery.check_actors_if_due()
             except Stop:

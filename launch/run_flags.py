@@ -32,7 +32,8 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PATH", help="local HF model directory (model.path)")
     p.add_argument("--data", metavar="PATH", help="train parquet/JSONL in veRL layout (data.path)")
     p.add_argument("--demos", metavar="PATH", help="teacher trajectories for LUFFY / demonstrations for SFT")
-    p.add_argument("--max-staleness", type=int, metavar="K", help="buffer.max_staleness, in versions")
+    p.add_argument("--max-staleness", type=staleness_flag, metavar="K",
+                   help="buffer.max_staleness, in versions; auto = chosen from measured wait and step times")
     p.add_argument("--steps", type=int, metavar="N", help="learner steps = weight pushes (learner.steps); each takes "
                                                           "mini_batches × epochs optimiser steps")
     p.add_argument("--output", metavar="DIR", help="run folder (default runs/<algo>-<timestamp>); must not hold "
@@ -51,6 +52,13 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
                    help="show other programs' warnings and progress bars (logging.verbose)")
     p.add_argument("--dry-run", action="store_true", help="print the fully resolved config and exit")
     return p
+
+
+def staleness_flag(value: str) -> int | str:
+    """--max-staleness: a whole number of versions, or auto."""
+    if value == "auto" or value.isdigit():
+        return value if value == "auto" else int(value)
+    raise argparse.ArgumentTypeError(f"expected a whole number of versions or auto, got {value!r}")
 
 
 def flags_from_args(args: argparse.Namespace) -> dict:

@@ -59,6 +59,27 @@ def test_stale_groups_are_dropped_and_counted_never_served():
         c.set_version(1)
 
 
+def test_a_raised_bound_opens_credit_and_holds_stored_groups_to_the_bound_they_were_admitted_under(tmp_path):
+    """max_staleness: auto raises K through set_version: new credit and arrivals get the new bound, a group
+    stored before keeps its own (also through a snapshot), and the bound is never lowered."""
+    c = core(max_staleness=1, batch_prompts=1)
+    assert c.request_credit("a", 10, 0) == 2  # (K + 1) * B
+    assert c.push("a", wire(make_group("early", version=0)))[0]  # admitted under K = 1
+    c.set_version(1, max_staleness=3)
+    assert c.stats()["max_staleness"] == 3 and c.request_credit("a", 10, 0) == 1  # (3 + 0 - 1 + 1) - 2 queued
+    assert c.push("a", wire(make_group("late", version=0)))[0]  # admitted under K = 3
+    path = tmp_path / "snap.msgpack"
+    write_snapshot(c, str(path))
+    d = core(max_staleness=1, batch_prompts=1)
+    restore_snapshot(d, str(path))
+    for buf in (c, d):
+        buf.set_version(2, max_staleness=3)  # "early" is 2 behind its bound of 1: dropped; "late" is not
+        assert [g.group_id for g in buf.queue] == ["late"] and buf.stats()["dropped_stale"] == 1
+        assert buf.served(buf.take(1)) == [2]
+    with pytest.raises(WireError, match="never lowered"):
+        c.set_version(2, max_staleness=2)
+
+
 def test_discarded_prompts_are_handed_to_the_learner_once_and_put_back_with_an_undelivered_batch():
     """Filtered and stale-dropped groups settle their (epoch, prompt) for the ledger (`launch.ledger`):
     the keys go out with the next pull, once, and return to the list when that reply is not delivered."""

@@ -62,6 +62,22 @@ def test_k0_runs_synchronously(start_buffer):
         c.close()
 
 
+def test_set_version_raises_the_bound_for_credit_and_never_lowers_it(start_buffer):
+    """max_staleness: auto: the driver's set_version carries the raised bound; an actor one version behind,
+    refused at once at K=0, gets credit at K=1; lowering is refused."""
+    addr = start_buffer(max_staleness=0, batch_prompts=2)
+    actor, learner = (BatchingClient(addr, n, timeout_s=10) for n in ("a1", "learner"))
+    learner.set_version(1)
+    assert actor.request_credit(5, 0).granted == 0  # behind at K=0
+    assert learner.set_version(1, max_staleness=1)["max_staleness"] == 1
+    assert actor.request_credit(5, 0).granted == 2  # (K + a - v + 1) * B = 1 * 2
+    with pytest.raises(BufferRequestError, match="never lowered"):
+        learner.set_version(2, max_staleness=0)
+    assert learner.stats()["max_staleness"] == 1
+    for c in (actor, learner):
+        c.close()
+
+
 def test_filters_demos_and_missing_demo(start_buffer):
     addr = start_buffer(filter="accuracy_window", acc_lo=0.25, acc_hi=0.75, batch_prompts=1)
     with BatchingClient(addr, "actor", timeout_s=10) as actor, BatchingClient(addr, "learner", timeout_s=10) as learner:

@@ -1,5 +1,6 @@
 """Property: whatever the interleaving of credit requests (alone or several waiting at once), pushes,
-weight syncs and learner steps, no group is ever served staler than max_staleness, credit accounting is
+weight syncs, learner steps and raises of the bound (`max_staleness: auto`), no group is ever served
+staler than the bound it was admitted under, credit accounting is
 exact and capacity holds; and when groups arrive in the order their credit was granted, the credit rule
 alone keeps everything fresh (no drops).
 
@@ -24,12 +25,13 @@ class BufferModel(RuleBasedStateMachine):
     @initialize(k=st.integers(0, 3), b=st.integers(1, 4), cap=st.integers(1, 24), in_order=st.booleans(),
                 flt=st.sampled_from(["none", "extreme"]))
     def setup(self, k, b, cap, in_order, flt):
-        self.k, self.b, self.in_order = k, b, in_order
+        self.b, self.in_order = b, in_order
         self.core = BufferCore(BufferSettings(max_staleness=k, batch_prompts=b, capacity_groups=max(cap, b),
                                               filter=flt))
         self.weights = dict.fromkeys(ACTORS, 0)  # version each actor generates with
         self.inflight: list[tuple[str, int]] = []  # (actor, start version), in grant order
-        self.served_lags: list[int] = []
+        self.served_lags: list[tuple[int, int]] = []  # (lag, bound at admission)
+        self.bound: dict[str, int] = {}  # group id -> max_staleness in force when its push was accepted
         self.counter = 0
         self.training = False
 
@@ -63,6 +65,7 @@ class BufferModel(RuleBasedStateMachine):
             s.versions[-1] = min(start + newer, self.core.version)
         acc, reason, _ = self.core.push(actor, wire(g))
         assert acc or reason in ("stale", "filtered_extreme"), reason
+        self.bound[g.group_id] = self.core.max_staleness
 
     @precondition(lambda self: self.inflight)
     @rule(actor=st.sampled_from(ACTORS), n=st.integers(1, 3))
@@ -78,6 +81,7 @@ class BufferModel(RuleBasedStateMachine):
         self.counter += 1  # a rogue actor ignoring credit, possibly far behind (or claiming a future version)
         g = make_group(f"r{self.counter}", n=2, tokens=3, version=max(0, self.core.version - behind))
         self.core.push("rogue", wire(g))
+        self.bound[g.group_id] = self.core.max_staleness
 
     @precondition(lambda self: not self.training)
     @rule()
@@ -85,21 +89,22 @@ class BufferModel(RuleBasedStateMachine):
         groups = self.core.take(self.b)
         if groups is None:
             return
-        for g in groups:
-            assert self.core.version - g.oldest_version <= self.k  # checked before the buffer's own record
-        self.served_lags += self.core.served(groups)
+        for g in groups:  # checked before the buffer's own record
+            assert self.core.version - g.oldest_version <= self.bound[g.group_id] <= self.core.max_staleness
+        self.served_lags += zip(self.core.served(groups), [self.bound[g.group_id] for g in groups])
         self.training = True  # actors keep asking for credit while the learner trains on this batch
 
     @precondition(lambda self: self.training)
-    @rule()
-    def learner_step_done(self):
-        self.core.set_version(self.core.version + 1)
+    @rule(raise_by=st.sampled_from([0, 0, 0, 1, 2]))
+    def learner_step_done(self, raise_by):
+        """The driver's set_version, raising the bound now and then (never lowering it)."""
+        self.core.set_version(self.core.version + 1, self.core.max_staleness + raise_by if raise_by else None)
         self.training = False
 
     @invariant()
     def never_above_the_bound(self):
-        assert all(lag <= self.k for lag in self.served_lags)  # < 0 only for a rogue's future version
-        assert all(self.core.version - g.oldest_version <= self.k for g in self.core.queue)
+        assert all(lag <= bound for lag, bound in self.served_lags)  # < 0 only for a rogue's future version
+        assert all(self.core.version - g.oldest_version <= self.bound[g.group_id] for g in self.core.queue)
 
     @invariant()
     def accounting(self):

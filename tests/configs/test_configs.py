@@ -38,6 +38,22 @@ def test_overrides_and_flags_apply():
     assert cfg.loss.clip_high == 0.28 and cfg.learner.betas == (0.9, 0.95) and cfg.pure.credit == "strict"
 
 
+def test_max_staleness_auto():
+    """`auto` is max_staleness_auto from K = 1 (config.yaml records both), from YAML, --set or the flag;
+    the cap must not lie below where K starts."""
+    for cfg in (resolve("grpo", overrides=["buffer.max_staleness=auto"]),
+                resolve("grpo", flags={"buffer.max_staleness": "auto"})):
+        b = cfg.buffer
+        assert (b.max_staleness, b.max_staleness_auto, b.max_staleness_cap) == (1, True, 4)
+        assert RunConfig.model_validate(__import__("yaml").safe_load(dump(cfg))) == cfg
+    assert not resolve("grpo").buffer.max_staleness_auto
+    with pytest.raises(ConfigError, match="buffer.max_staleness_cap: 2 is below buffer.max_staleness=3"):
+        resolve("grpo", overrides=["buffer.max_staleness=3", "buffer.max_staleness_auto=true",
+                                   "buffer.max_staleness_cap=2"])
+    with pytest.raises(ConfigError, match="buffer.max_staleness: Input should be a valid integer"):
+        resolve("grpo", overrides=["buffer.max_staleness=sometimes"])
+
+
 @pytest.mark.parametrize("algo,overrides,flags,message", [
     ("pure", ["buffer.max_stalenes=2"], {}, "buffer.max_stalenes: unknown key — did you mean 'buffer.max_staleness'"),
     ("grpo", ["buffer.max_staleness=-1"], {}, "buffer.max_staleness: Input should be greater than or equal to 0"),
@@ -70,6 +86,11 @@ def test_cli_dry_run_and_errors(capsys):
     assert main(["--algo", "pure", "--dry-run", "--max-staleness", "2"]) == 0
     out = capsys.readouterr().out
     assert "algo: pure" in out and "max_staleness: 2  # K:" in out
+    assert main(["--algo", "grpo", "--dry-run", "--max-staleness", "auto"]) == 0
+    assert "max_staleness_auto: true" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--algo", "grpo", "--dry-run", "--max-staleness", "often"])
+    assert "expected a whole number of versions or auto, got 'often'" in capsys.readouterr().err
     assert main(["--algo", "pure", "--set", "pure.credt=strict", "--dry-run"]) == 2
     assert "pure.credt: unknown key — did you mean 'pure.credit'?" in capsys.readouterr().err
 

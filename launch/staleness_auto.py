@@ -1,0 +1,98 @@
+"""`buffer.max_staleness: auto`: the smallest staleness bound K at which the learner stops waiting for data,
+chosen from the run's own step times and re-checked as they change.
+
+The rule. Let B = learner.batch_prompts, G = the time the actors take to generate one batch once its
+credit is granted (latency: the engines batch every prompt in flight), and L = the learner's busy time
+per step (`time/train_s` + `time/weight_sync_s` + the loop's bookkeeping: the step interval minus the
+wait). At learner version v the buffer grants credit up to (K + 1)·B groups ahead (`buffer.admission`);
+the driver's `set_version(v)` frees the slots of the batch just served, so the batch whose credit opens
+then is trained at version v + K: the learner first trains K batches, v .. v + K − 1, and pulls it one
+period P = w + L per version later, where w is its wait per step. So in steady state
+
+    w = max(0, G − K·P)   =>   G = (K + 1)·w + K·L   when w > 0
+
+(K = 0: w = G, the synchronous run). The learner does not wait (w = 0, P = L) iff G ≤ K'·L, so the
+smallest such bound is
+
+    K' = ceil(G / L) = K + ceil((K + 1)·w / L)        (for w > 0; K' = K when w = 0)
+
+clamped to the ceiling `buffer.max_staleness_cap`. From one window of measured means (w, L) at K this is
+exact under the model; a larger K also puts more prompts in flight per engine, which changes G (often
+for the better: engines batch more), so the rule runs again every window and raises K again if the
+learner still waits.
+
+When raising does not help: if the actors cannot produce one batch per L at any concurrency (their
+throughput, not the latency, is the limit), w stays > 0 whatever K is. So a raise must have paid: while
+the wait is not below (1 − TOLERANCE) × the wait measured before the last raise, K stays (more staleness
+would only cost off-policyness); a window with no wait forgets that wait, so a learner that waits again
+later (longer responses) gets a raise again.
+
+The learner "does not wait" when w ≤ TOLERANCE × L (a few milliseconds of bookkeeping always remain).
+K is never lowered: credit in flight was granted under the bound in force, and the buffer holds each
+stored group to the bound it was admitted under (`buffer.core`), so the bound the buffer reports
+(`buffer/max_staleness`) is the one every trained row satisfied.
+
+Windows (`AutoStaleness`): SETTLE_STEPS steps are left out at the start (cold start: empty pipeline,
+first weight push) and after an evaluation; K + 1 steps after a raise (the pipeline refills at the
+new bound); then WINDOW_STEPS steps are averaged and `next_bound` decides.
+"""
+
+from __future__ import annotations
+
+import math
+
+TOLERANCE = 0.05  # the learner "does not wait" below this share of its busy time
+WINDOW_STEPS = 5  # steps averaged per decision
+SETTLE_STEPS = 3  # steps left out at the start and after an evaluation
+
+
+def next_bound(k: int, wait_s: float, busy_s: float, cap: int, waited_before: float | None = None) -> int:
+    """The bound for the next window (module docstring). k: the bound in force over the window (versions);
+    wait_s, busy_s: the learner's mean wait and busy seconds per step over it; cap: the ceiling;
+    waited_before: the mean wait of the window that led to the last raise (None: no raise since the learner
+    last stopped waiting)."""
+    if wait_s <= TOLERANCE * busy_s or k >= cap:
+        return k
+    if waited_before is not None and wait_s >= (1 - TOLERANCE) * waited_before:
+        return k  # the last raise did not shorten the wait: generation throughput is the limit
+    return min(cap, k + math.ceil((k + 1) * wait_s / max(busy_s, 1e-9)))
+
+
+class AutoStaleness:
+    """The driver's side: step times in, windows out, `next_bound` on each window. `k` is the bound to
+    send with the next `set_version` (the buffer enforces it and reports it as `buffer/max_staleness`)."""
+
+    def __init__(self, k: int, cap: int):
+        self.k, self.cap = k, cap
+        self.waited_before: float | None = None
+        self.settle, self.window, self.first = SETTLE_STEPS, [], 0
+        self.decided = False
+
+    def restart(self) -> None:
+        """Leave the next SETTLE_STEPS steps out (an evaluation let the actors fill the pipeline)."""
+        self.settle, self.window = SETTLE_STEPS, []
+
+    def observe(self, step: int, wait_s: float, busy_s: float) -> str | None:
+        """One step's wait and busy seconds; the console line when a window decides for the first time or
+        raises K, else None."""
+        if self.settle:
+            self.settle -= 1
+            return None
+        self.first = self.first if self.window else step
+        self.window.append((wait_s, busy_s))
+        if len(self.window) < WINDOW_STEPS:
+            return None
+        wait = sum(w for w, _ in self.window) / len(self.window)
+        busy = sum(b for _, b in self.window) / len(self.window)
+        self.window = []
+        k = next_bound(self.k, wait, busy, self.cap, self.waited_before)
+        line = None
+        if k != self.k or not self.decided:
+            line = (f"[staleness] auto: K={k} (learner waited {wait:.2f} s/step at K={self.k} over steps "
+                    f"{self.first}-{step}, busy {busy:.2f} s/step; ceiling {self.cap})")
+        if k > self.k:
+            self.waited_before, self.settle, self.k = wait, k + 1, k
+        elif wait <= TOLERANCE * busy:
+            self.waited_before = None
+        self.decided = True
+        return line
