@@ -1,6 +1,7 @@
 """How much asynchrony buys: sweep `buffer.max_staleness` K over real `algo-train` runs.
 
-For each seed and each K (default K ∈ {0, 1, 2, 4}) one real run: 2 vLLM actors, the buffer process,
+For each seed and each K (default K ∈ {0, 1, 2, 4}; `auto` = `buffer.max_staleness: auto`, the run
+chooses K itself: launch/staleness_auto.py) one real run: 2 vLLM actors, the buffer process,
 the learner and weight sync, the same seed, the same number of optimiser steps and the same evaluation
 schedule. Every step consumes exactly `learner.batch_prompts × rollout.n` samples whatever K is, so
 the same step means the same sample budget. K = 0 is the synchronous baseline: actors start work only
@@ -43,7 +44,7 @@ Reported per run (one JSON line each on stdout) and per K (a markdown table, and
   synchronous beyond seed noise" means Δ ≥ −2σ. With one seed only the evaluation's own noise is known.
 
 Profiles (`--profile`):
-- `quickstart` (default): the algorithm's configs/<algo>.yaml as is. There the learner step (~0.4 s +
+- `quickstart` (default; also named `generation-heavy`): the algorithm's configs/<algo>.yaml as is. There the learner step (~0.4 s +
   ~0.2 s push) is short next to generating a batch (~3 s), so the bound is only ~1.1–1.2 and the
   overlap is barely tested.
 - `learner-heavy`: a larger built-in model, so the learner's share of a step grows:
@@ -68,6 +69,11 @@ Run (2-core machine, otherwise idle; each run also pays ~2 min of Ray + vLLM sta
   .venv/bin/python bench/staleness.py --profile learner-heavy --steps 60
   # accuracy at equal samples against seed noise, quick-start model, ≈25 min
   .venv/bin/python bench/staleness.py --ks 0 2 --seeds 0 1 2 --steps 60
+  # auto against the fixed bounds, on both profiles
+  .venv/bin/python bench/staleness.py --profile generation-heavy --ks 0 1 2 4 auto --steps 40
+  .venv/bin/python bench/staleness.py --profile learner-heavy --ks 0 1 2 4 auto --steps 40
+An `auto` run reports the bound it ended with (`buffer/max_staleness` of its last row); its steady-state
+window includes the steps it measured at its starting K, so their cost is in its samples/s.
 Every run shortens the config's cosine schedule to --steps (it decays to 0 at learner.steps), the same
 for every K.
 Re-analyse finished runs without training again: add `--reuse --out-dir DIR`.
@@ -106,12 +112,21 @@ from bench.runs import (  # noqa: E402
 
 PROFILES: dict[str, list[str]] = {
     "quickstart": [],
+    "generation-heavy": [],  # the quick-start: generating a batch takes ~2× the learner step
     "learner-heavy": ["model.tiny.hidden_size=256", "model.tiny.num_heads=4", "model.tiny.num_layers=4",
                       "model.tiny.intermediate_size=768", "model.sft_warmup_steps=150"],
 }
 RESERVED = {"seed": "--seeds", "buffer.max_staleness": "--ks", "learner.steps": "--steps",
             "learner.eval_every": "--eval-every"}
 GOAL_SHARE = 0.8
+AUTO = "auto"
+
+
+def k_arg(text: str) -> int | str:
+    """--ks: a bound K ≥ 0, or auto."""
+    if text == AUTO or text.isdigit():
+        return text if text == AUTO else int(text)
+    raise argparse.ArgumentTypeError(f"expected K ≥ 0 or {AUTO}, got {text!r}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -120,8 +135,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "to K=0, the ideal overlap bound, ESS, mismatch KL, staleness and accuracy at equal "
                     "samples. One JSON line per run on stdout; a markdown table in --table.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4], metavar="K",
-                   help="max_staleness values (0 = synchronous baseline; needed for ratios and the bound)")
+    p.add_argument("--ks", type=k_arg, nargs="+", default=[0, 1, 2, 4], metavar="K",
+                   help="max_staleness values (0 = synchronous baseline; needed for ratios and the bound; auto = "
+                        "the run chooses)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="S",
                    help="seeds (top-level `seed`: starting model, prompt order, sampling); every K runs each")
     p.add_argument("--steps", type=int, default=60, help="optimiser steps of every run (= equal samples)")
@@ -138,9 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.steps <= args.skip_steps:
         p.error(f"--steps {args.steps} leaves nothing after --skip-steps {args.skip_steps}")
     args.eval_every = args.steps if not args.eval_every else args.eval_every
-    args.ks = sorted(dict.fromkeys(args.ks))
-    if any(k < 0 for k in args.ks):
-        p.error("--ks: K must be ≥ 0")
+    args.ks = sorted(k for k in set(args.ks) if k != AUTO) + [AUTO] * (AUTO in args.ks)
     return finish_run_options(p, args, "staleness", RESERVED)
 
 
@@ -149,12 +163,13 @@ def overrides_for(args: argparse.Namespace, k: int, seed: int) -> list[str]:
             f"learner.eval_every={args.eval_every}", *args.extra]
 
 
-def analyse(rows: list[dict], steps: int, skip: int, k: int = 0) -> dict:
-    """Everything one run (max_staleness `k`) contributes, from its metrics rows alone."""
+def analyse(rows: list[dict], steps: int, skip: int, k: int | str = 0) -> dict:
+    """Everything one run (max_staleness `k`, or auto) contributes, from its metrics rows alone."""
     train = training_rows(rows)
     if len(train) != steps:
         raise ValueError(f"metrics.jsonl holds {len(train)} training rows, expected {steps}")
-    st = steady_state(rows, skip, settle=k + 1)
+    k_end = train[-1].get("buffer/max_staleness")
+    st = steady_state(rows, skip, settle=((k_end or 0) if k == AUTO else k) + 1)
     if not st.steps:
         raise ValueError("no steady-state step left to measure (raise --steps or lower --skip-steps)")
     t_gen = mean_over(rows, "time/generate_wait_s", st.steps)
@@ -164,7 +179,7 @@ def analyse(rows: list[dict], steps: int, skip: int, k: int = 0) -> dict:
     acc_before, n_before = accuracy_at(rows, 0)
     return {
         "samples": sum(r["batch/rows"] for r in train), "samples_per_step": train[-1]["batch/rows"],
-        "samples_per_s": st.samples_per_s, "window_steps": len(st.steps), "window_left_out": st.left_out,
+        "k_end": k_end, "samples_per_s": st.samples_per_s, "window_steps": len(st.steps), "window_left_out": st.left_out,
         "window_seconds": st.seconds,
         "t_gen_s": t_gen, "t_train_s": t_train, "t_sync_s": t_sync,
         "t_other_s": st.seconds / len(st.steps) - (t_gen + t_train + t_sync),
@@ -198,7 +213,8 @@ def summarise(args: argparse.Namespace, records: list[dict]) -> tuple[list[dict]
     for k in args.ks:
         ok = [r for r in records if r["k"] == k and r["status"] == "ok"]
         failed = [r for r in records if r["k"] == k and r["status"] != "ok"]
-        s = {"summary": True, "k": k, "runs_ok": len(ok), "runs_failed": len(failed)}
+        s = {"summary": True, "k": k, "runs_ok": len(ok), "runs_failed": len(failed),
+             "k_end": sorted({r.get("k_end") for r in ok}, key=str)}
         for key in ("samples_per_s", "ratio_vs_k0", "ideal_bound", "ideal_bound_sync_serial", "share_of_bound",
                     "ess_mean", "mismatch_kl_mean", "staleness_mean", "t_gen_s", "t_train_s", "t_sync_s",
                     "accuracy_before"):
@@ -218,7 +234,7 @@ def summarise(args: argparse.Namespace, records: list[dict]) -> tuple[list[dict]
         acc = fmt(s["accuracy_end"]) + (f" ± {s['accuracy_end_sd']:.3f}" if s["accuracy_end_sd"] is not None else "")
         delta = (f"{d['delta']:+.3f} ± {d['sigma']:.3f} ({'no worse' if d['no_worse'] else 'worse'})"
                  if d else "–")
-        table.append([str(k), f"{len(ok)}" + (f" ({len(failed)} failed)" if failed else ""),
+        table.append([f"auto → {'/'.join(map(str, s['k_end']))}" if k == AUTO else str(k), f"{len(ok)}" + (f" ({len(failed)} failed)" if failed else ""),
                       fmt(s["samples_per_s"], ".1f"), fmt(s["ratio_vs_k0"], ".2f"), fmt(s["ideal_bound"], ".2f"),
                       fmt(s["share_of_bound"], ".2f"), fmt(s["ess_mean"], ".4f"), fmt(s["mismatch_kl_mean"], ".4f"),
                       f"{fmt(s['staleness_mean'], '.2f')} / {fmt(s['staleness_max'], '.0f')}",
