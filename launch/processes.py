@@ -29,7 +29,7 @@ from buffer.records import Key
 from configs.schema import RunConfig
 from launch.cluster import cluster_nodes, init_ray, joins_cluster
 from launch.data import RunData
-from launch.roles import LOG_FILE_ENV, LearnerRank
+from launch.roles import LOG_FILE_ENV, LearnerRank, named
 
 
 class LocalRole:
@@ -43,20 +43,10 @@ class LocalRole:
         return SimpleNamespace(remote=getattr(self._obj, name))
 
 
-def last_lines(path: Path, n: int) -> list[str]:
-    """The last `n` non-empty lines of a text file (none when it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in lines if line.strip()][-n:]
-
-
 class LearnerDied(RuntimeError):
-    """A learner rank's process is gone: the run cannot go on without it (the message names the rank,
-    its process and how to read its log)."""
+    """A learner rank's process is gone: the run cannot go on without it. The message is one line
+    naming the rank, its process, its host and its log; the launcher adds what the run does next
+    (`launch.train`)."""
 
 
 class ProcessGraph:
@@ -108,6 +98,19 @@ class ProcessGraph:
         """The file role `role` ("learner-0", "actor-1") writes its output to (None: the terminal)."""
         return None if self.log_dir is None else self.log_dir / f"{role}.log"
 
+    def log_ref(self, role: str, handle) -> str:
+        """Where to read the output of `role`, Ray actor `handle`: its log file, or with logging.verbose
+        (output on the terminal, and in Ray's files) Ray's command that prints it."""
+        log = self.log_file(role)
+        return str(log) if log is not None else f"`ray logs actor --id {handle._actor_id.hex()}`"
+
+    def actor_named(self, i: int) -> str:
+        """Actor `i` as a fault message names it (`launch.roles.named`): its process as last seen by
+        `where` (read before a successor replaces it)."""
+        host = self._where.get(f"actor/{i}", {}).get("host", "?")
+        log = None if self.serial else self.log_ref(f"actor-{i}", self.actors[i])  # --serial: the terminal
+        return named(f"actor {i}", self.pids[i], host, log)
+
     def _make(self, cls, *, num_cpus: float, num_gpus: float, max_concurrency: int, env: dict | None = None,
               bundle: int = -1, role: str = ""):
         """Constructor of `cls` as a Ray actor in bundle `bundle` (-1 = any free one) of its placement
@@ -153,21 +156,18 @@ class ProcessGraph:
             raise LearnerDied(self._dead_ranks(e)) from None
 
     def _dead_ranks(self, error: BaseException) -> str:
-        """Which ranks died, their processes, where their logs are and the last lines of those."""
-        dead, tails = [], []
+        """'learner rank 1 (pid 4242 on vm; log run/logs/learner-1.log) died (process gone: ActorDiedError)':
+        the ranks that do not answer, as last seen by `where` (a SIGKILLed rank leaves no last words, so
+        the line names its log rather than quoting it)."""
+        dead = []
         for r, h in enumerate(self.ranks):
             try:
                 self._ray.get(h.where.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - gone, or not answering: either way it cannot train
-                was, log = self._where.get(f"learner/{r}", {}), self.log_file(f"learner-{r}")
-                dead.append(f"learner rank {r} (pid {was.get('pid', '?')} on {was.get('host', '?')}; its log: "
-                            f"{log or f'`ray logs actor --id {h._actor_id.hex()}`'})")
-                tail = last_lines(log, 5) if log is not None else []
-                if tail:
-                    tails.append(f"  the last lines of {log}:\n" + "\n".join(f"    {line}" for line in tail))
-        cause = str(error).strip().splitlines()[0][:200]
-        return "\n".join([f"{', '.join(dead) or 'a learner rank'} died ({type(error).__name__}: {cause}); "
-                          "the run stops", *tails])
+                was = self._where.get(f"learner/{r}", {})
+                dead.append(named(f"learner rank {r}", was.get("pid", "?"), was.get("host", "?"),
+                                  self.log_ref(f"learner-{r}", h)))
+        return f"{' and '.join(dead) or 'a learner rank'} died (process gone: {type(error).__name__})"
 
     def step(self, groups, version: int) -> dict:
         batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
@@ -332,15 +332,21 @@ class ProcessGraph:
         self._get([a.stop.remote(drain, timeout_s) for a in self.actors])
 
     def shutdown(self) -> None:
-        for a in self.actors:
-            try:
-                self._get(a.close.remote(), timeout=60) if not self.serial else a.close.remote()
-            except Exception as e:  # noqa: BLE001 - shutting down: report and go on
-                self.log(f"[graph] closing an actor failed: {e}")
-        for r in self.ranks:
-            try:
-                self._get(r.close.remote(), timeout=30) if not self.serial else r.close.remote()
-            except Exception as e:  # noqa: BLE001
-                self.log(f"[graph] closing a learner rank failed: {e}")
+        for i, a in enumerate(self.actors):
+            self._close(a, f"actor {i}", timeout_s=60)
+        for r, h in enumerate(self.ranks):
+            self._close(h, f"learner rank {r}", timeout_s=30)
         if not self.serial and self._ray.is_initialized():
             self._ray.shutdown()
+
+    def _close(self, handle, role: str, timeout_s: float) -> None:
+        """Close one role. A role whose process is gone has nothing to close, and its death was said when
+        it was found: nothing more is said (Ray's account of it is an 8-line block). Any other failure
+        is one line."""
+        try:
+            self._get(handle.close.remote(), timeout=timeout_s) if not self.serial else handle.close.remote()
+        except Exception as e:  # noqa: BLE001 - shutting down: report and go on
+            if self.serial or not isinstance(e, self._ray.exceptions.RayActorError):
+                cause = getattr(e, "cause", None) or e  # a RayTaskError's first line names only the call
+                self.log(f"[graph] closing {role} failed ({type(cause).__name__}: "
+                         f"{(str(cause).strip().splitlines() or [''])[0][:200]})")

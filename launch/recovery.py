@@ -21,7 +21,7 @@ from buffer.client import BufferClient, BufferUnavailable
 from buffer.records import Key
 from launch.buffer_keeper import BufferKeeper, lost_prompts
 from launch.position import RunPosition
-from launch.roles import where
+from launch.roles import named, where
 
 HEALTH_EVERY_S = 5.0  # how often a training driver checks actor health (one parallel call to all of them)
 BUFFER_TIMEOUT_S = 20.0  # the driver's buffer calls: longer than any snapshot, short enough to notice a death
@@ -86,8 +86,8 @@ class Recovery:
         why = self.keeper.death() if self.keeper is not None else None
         if why is None:
             return False
-        t0, pid = time.monotonic(), self.keeper.pid
-        self.progress.message(f"[buffer] the buffer process (pid {pid}) died ({why}); restarting it")
+        t0 = time.monotonic()
+        was = named("the buffer process", self.keeper.pid, where()["host"], self.keeper.log_path)  # the driver's host
         ledger = self.position.ledger
         info = self.keeper.restart(ledger.trained)
         self.client.close()
@@ -104,8 +104,9 @@ class Recovery:
         r = info["restored"]
         source = (f"{r.get('groups', 0)} groups restored from {info['snapshot']} ({r.get('excluded', 0)} trained "
                   "since then left out)" if info["snapshot"] else "no snapshot yet: it started empty")
-        self.progress.message(f"[buffer] restarted as pid {self.keeper.pid} in {time.monotonic() - t0:.0f}s: "
-                              f"{source}; {sum(map(len, lost.values()))} prompts it had lost re-queued")
+        self.progress.message(f"[buffer] {was} died ({why}); restarted as pid {self.keeper.pid} in "
+                              f"{time.monotonic() - t0:.0f}s: {source}; {sum(map(len, lost.values()))} prompts it "
+                              "had lost re-queued")
         self.write_processes()
         return True
 
@@ -133,7 +134,7 @@ class Recovery:
         weight-sync group, push the current weights to every actor, and only then let the successors
         generate."""
         t0, version = time.monotonic(), self.position.version
-        old_pids = {i: self.graph.pids[i] for i in dead}
+        was = {i: self.graph.actor_named(i) for i in dead}  # pid, host and log of the dead process
         self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
         for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
             with BufferClient(self.address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
@@ -146,7 +147,7 @@ class Recovery:
         self.graph.push_weights(version)
         self.graph.start_rollouts(list(dead))
         for i, why in dead.items():
-            self.progress.message(f"[actor] actor {i} (pid {old_pids[i]}) died ({why}); restarted as pid "
+            self.progress.message(f"[actor] {was[i]} died ({why}); restarted as pid "
                                   f"{self.graph.pids[i]} and re-synced to version {version} in "
                                   f"{time.monotonic() - t0:.0f}s; its shard resumes past the {len(skip)} prompts "
                                   "trained, discarded or buffered")
@@ -169,8 +170,7 @@ class Recovery:
             if not dead:
                 raise
             self.reports.update(stats)
-            self.progress.message(f"[actor] a weight push failed ({str(e).strip().splitlines()[-1][:200]})")
-            self.restart_actors(dead)
+            self.restart_actors(dead)  # says it, one line per actor: the push's own error adds nothing
             return None
 
     # ------------------------------------------------------------------ processes.json

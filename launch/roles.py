@@ -49,7 +49,10 @@ def to_log_file() -> None:
     """Send this process's stdout and stderr (file descriptors 1 and 2, which its children, vLLM's
     engine processes, inherit) to the file named by $IMPALA_ROLE_LOG, appended; no-op when unset
     (logging.verbose, --serial). Other programs' warnings and progress bars then land in
-    run_dir/logs/ instead of the terminal (Ray forwards what a worker writes to Ray's own files)."""
+    run_dir/logs/ instead of the terminal (Ray forwards what a worker writes to Ray's own files).
+    The file starts its part with `log_header`: a restarted actor appends to its predecessor's log,
+    and a process killed before it wrote anything still shows there that it ran. (Ray's workers write
+    unbuffered: what the process printed before a SIGKILL is in the file.)"""
     path = os.environ.get(LOG_FILE_ENV)
     if not path:
         return
@@ -57,11 +60,25 @@ def to_log_file() -> None:
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, log_header(Path(path).stem, where()).encode())
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def log_header(role: str, at: dict) -> str:
+    """The line a process writes into its role's log before anything else."""
+    import time
+
+    return f"--- {role}: pid {at['pid']} on {at['host']}, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+
+
+def named(role: str, pid, host, log) -> str:
+    """How a fault message names a process: 'actor 0 (pid 17698 on vm; log runs/a/logs/actor-0.log)'
+    (`log`: its log file, or how to read it; None leaves it out)."""
+    return f"{role} (pid {pid} on {host}" + (f"; log {log})" if log else ")")
 
 
 def pin_to_cores(cores: list[int] | None) -> None:

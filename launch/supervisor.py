@@ -7,6 +7,10 @@ die before the driver could drain the actors, snapshot the buffer and write a ch
 the supervisor forwards the first two SIGINT/SIGTERM to the driver alone (1st: graceful stop, 2nd:
 abort), a third kills the session, and once the driver has exited anything still alive in its session
 is killed — no process is left behind.
+
+A dead learner rank ends the child with LEARNER_DIED and one line naming it in `death_note(run_dir)`; the
+launcher says it, with what the run does next, in one console line (`launch.train`). What Ray prints in
+the child goes to run_dir/logs/ray.log (`launch.console.divert_ray_output`), not to the terminal.
 """
 
 from __future__ import annotations
@@ -21,6 +25,22 @@ from pathlib import Path
 from configs.schema import RunConfig
 
 LEARNER_DIED = 3  # exit status of a run stopped by a dead learner rank (`launch.processes.LearnerDied`)
+
+
+def death_note(run_dir: Path) -> Path:
+    """Where the child leaves the line naming a dead learner rank for the launcher (`take_death_note`)."""
+    return run_dir / ".learner-died"
+
+
+def take_death_note(run_dir: Path) -> str | None:
+    """The line the child left on a learner rank's death (None: none), removed once read."""
+    note = death_note(run_dir)
+    try:
+        text = note.read_text().strip()
+    except FileNotFoundError:
+        return None
+    note.unlink()
+    return text or None
 
 
 def supervise(cfg: RunConfig, run_dir: Path) -> int:
@@ -66,6 +86,7 @@ def _kill_session(sid: int) -> None:
 
 
 def _child(spec: str, run_dir: str) -> int:
+    from launch.console import divert_ray_output
     from launch.graph import run_graph
     from launch.processes import LearnerDied
     from launch.progress import Progress
@@ -73,15 +94,17 @@ def _child(spec: str, run_dir: str) -> int:
     from launch.storage import StorageError
 
     cfg = RunConfig.model_validate_json(Path(spec).read_text())
+    if not cfg.logging.verbose:
+        divert_ray_output(Path(run_dir) / "logs" / "ray.log")
     progress = Progress(cfg.learner.steps, cfg.logging.progress)
     try:
         return run_graph(cfg, Path(run_dir), progress)
     except (ResourceError, StorageError) as e:  # found once Ray is up (placement, shared storage): no traceback
         print(f"algo-train: {e}", file=sys.stderr)
         return 2
-    except LearnerDied as e:  # the launcher prints the --resume command next
+    except LearnerDied as e:  # the launcher says it, with what the run does next
         progress.close()
-        print(f"[learner] {e}", file=sys.stderr)
+        death_note(Path(run_dir)).write_text(f"{e}\n")
         return LEARNER_DIED
 
 

@@ -130,15 +130,19 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None)
 
 def restart_after_learner_deaths(status: int, cfg: RunConfig, run_dir: Path, supervise, say) -> int:
     """With `max_restarts` N, a run stopped by a dead learner rank (status LEARNER_DIED) resumes itself
-    from its last checkpoint, as `--resume run_dir` would, up to N times; returns the final status."""
+    from its last checkpoint, as `--resume run_dir` would, up to N times; returns the final status.
+    Each restart is one line: the dead rank as the run's process named it (`take_death_note`), then
+    the restart."""
     from launch.rundir import plan_resume
-    from launch.supervisor import LEARNER_DIED
+    from launch.supervisor import LEARNER_DIED, take_death_note
 
     for k in range(1, cfg.max_restarts + 1):
         step = checkpoint_step(run_dir)
         if status != LEARNER_DIED or step is None:
             break
-        say(f"[learner] restart {k} of {cfg.max_restarts}: resuming {run_dir} from step {step}")
+        death = take_death_note(run_dir)
+        say(f"[learner] {f'{death}; ' if death else ''}restart {k} of {cfg.max_restarts}: resuming {run_dir} "
+            f"from step {step}")
         plan = plan_resume(str(run_dir), None, None, {}, [], Path.cwd())
         write_config(run_dir, plan.cfg)
         status = supervise(plan.cfg, run_dir)
@@ -147,12 +151,17 @@ def restart_after_learner_deaths(status: int, cfg: RunConfig, run_dir: Path, sup
 
 def after_run(status: int, run_dir: Path) -> str | None:
     """What to do next when a run stopped before its end: the exact resume command (Ctrl-C: 130; an
-    error: any status but 0 and 2), or how to start over when it left no checkpoint."""
+    error: any status but 0 and 2), or how to start over when it left no checkpoint. A dead learner
+    rank is said in the same line, first (`take_death_note`)."""
+    from launch.supervisor import LEARNER_DIED, take_death_note
+
     if status in (0, 2):
         return None
     step = checkpoint_step(run_dir)
+    death = take_death_note(run_dir) if status == LEARNER_DIED else None
     why = "stopped" if status == 130 else f"failed (exit status {status})"
+    head = f"[learner] {death}; the run stopped" if death else f"[stop] the run {why}"
     if step is None:
-        return f"[stop] the run {why} before its first checkpoint; start it over: --output {run_dir} --force"
-    fix = "" if status == 130 else " once the cause is fixed"
-    return f"[stop] the run {why}; continue from step {step}{fix}: algo-train --resume {run_dir}"
+        return f"{head} before its first checkpoint; start it over: --output {run_dir} --force"
+    fix = "" if status == 130 or death else " once the cause is fixed"
+    return f"{head}; continue from step {step}{fix}: algo-train --resume {run_dir}"
