@@ -125,7 +125,25 @@ def init_ray(cfg: RunConfig) -> None:
         ray.init(address=cfg.ray_address, log_to_driver=True, **RAY_INIT)
     else:
         private_ray_token(os.environ)
-        ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))), log_to_driver=True, **RAY_INIT)
+        start_local_ray(lambda: ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))),
+                                         log_to_driver=True, **RAY_INIT), ray.shutdown)
+
+
+def start_local_ray(start, stop, tries: int = 2) -> None:
+    """`start()` a local Ray; on a machine too busy for it (Ray 2.60 gives its raylet a fixed 30 s to register
+    with the GCS, then raises "The current node timed out during startup") `stop()` and try again, `tries`
+    in all, then stop the run with one line saying so (no Ray traceback)."""
+    for attempt in range(1, tries + 1):
+        try:
+            start()
+            return
+        except Exception as e:  # Ray raises a bare Exception for the timeout
+            if "timed out during startup" not in str(e):
+                raise
+            stop()
+            if attempt == tries:
+                raise ResourceError(f"the local Ray did not start: its raylet did not register within Ray's 30 s, "
+                                   f"{tries} times (the machine is overloaded?); retry when it is less busy") from None
 
 
 def private_ray_token(environ: MutableMapping[str, str]) -> Path | None:

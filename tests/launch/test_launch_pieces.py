@@ -100,3 +100,30 @@ def test_impossible_request_exits_fast_from_the_command_line(tmp_path):
     assert "cannot start this run" in proc.stderr and "--actors" in proc.stderr
     assert elapsed < 30, f"took {elapsed:.1f}s"
     assert not (tmp_path / "run").exists(), "nothing may start (not even the run folder) before the check"
+
+
+def test_a_local_ray_too_busy_to_start_is_retried_then_refused_in_one_line():
+    from launch.cluster import start_local_ray
+    from launch.resources import ResourceError
+
+    calls = []
+
+    def busy():
+        calls.append("start")
+        raise Exception("The current node timed out during startup. This could happen because ...")
+
+    with pytest.raises(ResourceError, match="did not register within Ray's 30 s, 2 times"):
+        start_local_ray(busy, lambda: calls.append("stop"))
+    assert calls == ["start", "stop", "start", "stop"]
+    calls.clear()
+    outcomes = iter([Exception("The current node timed out during startup."), None])
+
+    def second_time_lucky():
+        calls.append("start")
+        if (e := next(outcomes)) is not None:
+            raise e
+
+    start_local_ray(second_time_lucky, lambda: calls.append("stop"))
+    assert calls == ["start", "stop", "start"]
+    with pytest.raises(ValueError):  # anything else is not Ray's start-up timeout: raised as it is
+        start_local_ray(lambda: (_ for _ in ()).throw(ValueError("bad")), lambda: None)
