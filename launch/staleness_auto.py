@@ -30,7 +30,11 @@ later (longer responses) gets a raise again.
 The learner "does not wait" when w ≤ TOLERANCE × L (a few milliseconds of bookkeeping always remain).
 K is never lowered: credit in flight was granted under the bound in force, and the buffer holds each
 stored group to the bound it was admitted under (`buffer.core`), so the bound the buffer reports
-(`buffer/max_staleness`) is the one every trained row satisfied.
+(`buffer/max_staleness`) is the one every trained row satisfied. The learner's importance corrections
+take each token's behaviour log-prob and assume no K. Actors follow the buffer: their credit is what it
+grants under the bound in force; only their own "too far behind for any credit" check reads the starting
+K from the config, which is never above the buffer's, so at worst an actor whose credit wait ran out
+waits for its next weights (it never re-asks in a loop).
 
 Windows (`AutoStaleness`): SETTLE_STEPS steps are left out at the start (cold start: empty pipeline,
 first weight push) and after an evaluation; K + 1 steps after a raise (the pipeline refills at the
