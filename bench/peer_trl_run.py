@@ -65,11 +65,30 @@ def layerwise_weight_sync(vllm_generation) -> None:
     vllm_generation._layerwise_wrapped = True
 
 
+def timed(obj, name: str, totals: dict) -> None:
+    """Wrap the bound method `obj.name` so that its seconds add up in totals[name] (where TRL's step goes)."""
+    inner = getattr(obj, name)
+
+    def wrapper(*a, **kw):
+        t = time.monotonic()
+        try:
+            return inner(*a, **kw)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.monotonic() - t
+
+    setattr(obj, name, wrapper)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, required=True, help="config.yaml of the reference algo-train run")
     p.add_argument("--out", type=Path, required=True, help="folder for metrics.jsonl, timing.json, TRL's output")
     p.add_argument("--t0", type=float, default=None, help="epoch time the parent started this process")
+    p.add_argument("--eager", action="store_true",
+                   help="build TRL's vLLM engine with enforce_eager=True, as our CPU actors are (TRL has no option for "
+                        "it; as shipped, vLLM-CPU compiles the model with inductor). A deviation from TRL as shipped")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (a probe; default: "
+                   "the config's learner.steps, which also sets the LR schedule)")
     return p.parse_args(argv)
 
 
@@ -95,6 +114,15 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    if args.eager:
+        import trl.generation.vllm_generation as trl_vllm
+
+        class EagerLLM(trl_vllm.LLM):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **{**kw, "enforce_eager": True})
+
+        trl_vllm.LLM = EagerLLM
+
     from actors.prompts import encode_prompt, items_from_records
     from learner.optim import lr_at
 
@@ -119,7 +147,7 @@ def main(argv=None) -> int:
     gcfg = GRPOConfig(
         output_dir=str(args.out / "trl"), report_to="none", save_strategy="no", logging_steps=1,
         use_cpu=True, bf16=False, fp16=False, seed=cfg.seed, data_seed=cfg.data.seed,
-        max_steps=lc.steps, per_device_train_batch_size=per_step, gradient_accumulation_steps=1,
+        max_steps=args.max_steps or lc.steps, per_device_train_batch_size=per_step, gradient_accumulation_steps=1,
         num_generations=ro.n, steps_per_generation=1, num_iterations=lc.mini_batches * lc.epochs,
         max_completion_length=ro.max_response_tokens, temperature=ro.temperature, top_p=ro.top_p,
         top_k=ro.top_k, learning_rate=lc.lr, weight_decay=lc.weight_decay, adam_beta1=lc.betas[0],
@@ -198,6 +226,11 @@ def main(argv=None) -> int:
                           processing_class=tok, optimizers=(opt, sched), callbacks=[clock])
     clock.trainer = trainer
     layerwise_weight_sync(trainer.vllm_generation)
+    phases: dict[str, float] = {}
+    timing["phases_s"] = phases  # seconds inside TRL's generation, weight sync and loss, summed over training
+    for obj, name in ((trainer.vllm_generation, "generate"), (trainer.vllm_generation, "sync_weights"),
+                      (trainer, "compute_loss"), (trainer, "_calculate_rewards")):
+        timed(obj, name, phases)
     # the same prompt ids as our actors: TRL applies the same tokenizer's chat template
     probe = tok.apply_chat_template(rows[0]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
     timing["chat_template_same_ids"] = list(probe["input_ids"]) == encode_prompt(tok, rows[0]["prompt"])
@@ -207,6 +240,7 @@ def main(argv=None) -> int:
     loaded_texts = state["texts"]
     trainer._last_loaded_step = -1
     before = evaluate(trainer)  # syncs the (unchanged) weights through the adapter, then greedy eval
+    phases.clear()
     same = sum(a == b for a, b in zip(loaded_texts, state["texts"])) / len(loaded_texts)
     timing["adapter_check"] = {"acc_as_loaded": loaded["eval/accuracy"], "acc_after_sync": before["eval/accuracy"],
                                "same_greedy_texts": same}

@@ -88,6 +88,8 @@ def test_compare_golden_values_and_table():
     assert c["throughput_ratio"] == pytest.approx(75 / 38)  # (256/38) / (256/75) = 1.9737
     # ours reaches TRL's final 0.45 at 29 s of training; TRL never reaches ours' 0.5
     assert c["time_to_other_final"][0] == pytest.approx(29.0) and c["time_to_other_final"][1] is None
+    # from process start: + ours' 37.5 s start-up = 66.5 s; TRL still never
+    assert c["time_to_other_final_e2e"][0] == pytest.approx(66.5) and c["time_to_other_final_e2e"][1] is None
     s, acc_o, acc_t = c["equal_samples"]  # both ran 256 samples: the final accuracies
     assert (s, acc_o, acc_t) == (256.0, pytest.approx(0.5), pytest.approx(0.45))
     w, acc_o, acc_t = c["equal_wall"]  # 38 s (ours' whole loop): TRL at 0.3 + 0.15 × 38/40 = 0.4425
