@@ -10,6 +10,11 @@ its shard's prompts are trained again, at steps its predecessor could not have f
 A few steps later the buffer process (found in the run's processes.json) is SIGKILLed too: the driver
 restarts it from its latest snapshot (taken every 2 s here), the actors reconnect, `buffer/restarts`
 counts it, and the ledger still shows every trained prompt exactly once.
+
+What the console says of each kill is one line of ours naming the process (pid, host, log file) and
+what the run did, and nothing else: no Ray lines (they are in run_dir/logs/ray.log), no buffer warnings
+(run_dir/logs/buffer.log), no separate line for the weight push the dead actor failed. (The learner
+rank's kill: tests/launch/test_fault_console.py.)
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -26,6 +32,7 @@ import pytest
 from tests.e2e.helpers import (
     alive,
     assert_keys_documented,
+    assert_quiet_console,
     assert_weights_changed,
     check_run,
     command,
@@ -41,6 +48,7 @@ pytestmark = pytest.mark.slow
 STEPS = 28  # room after the restart: the surviving actor alone fills ~10 steps while the successor starts
 KILL_AFTER = 2  # trained steps before the kill
 K = 1  # max_staleness
+HOST = re.escape(socket.gethostname())  # where every process of this one-machine run is
 
 
 def _wait_for_text(log, pattern: str, proc: subprocess.Popen, timeout_s: float) -> re.Match:
@@ -76,19 +84,26 @@ def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path
 
         wait_for_trained_rows(out, KILL_AFTER, proc, log)
         os.kill(victim, signal.SIGKILL)
-        m = _wait_for_text(log, rf"\[actor\] actor 0 \(pid {victim}\) died.*restarted.*version (\d+)", proc, 300)
+        m = _wait_for_text(log, rf"\[actor\] actor 0 \(pid {victim} on {HOST}; log {re.escape(str(out / 'logs'))}/"
+                                rf"actor-0\.log\) died \((.+)\); restarted as pid (\d+) and re-synced to version "
+                                r"(\d+) in \d+s; its shard resumes past the \d+ prompts trained, discarded or buffered\n",
+                           proc, 300)
+        version = int(m.group(3))
         # the dead actor's engine processes are reaped, not left running beside the new engine
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(alive(p) for p in engine):
             time.sleep(0.5)
         assert not any(alive(p) for p in engine), f"engine processes of the dead actor left behind: {engine}"
 
-        wait_for_trained_rows(out, int(m.group(1)) + 4, proc, log)
+        wait_for_trained_rows(out, version + 4, proc, log)
         roles = json.loads((out / "processes.json").read_text())
         assert roles["actor/0"]["pid"] != victim and roles["actor/1"]["pid"] == pids[1]  # rewritten on restart
         buffer_pid = roles["buffer"]["pid"]
         os.kill(buffer_pid, signal.SIGKILL)
-        b = _wait_for_text(log, r"\[buffer\] restarted as pid (\d+) in \d+s: (\d+) groups restored", proc, 120)
+        b = _wait_for_text(log, rf"\[buffer\] the buffer process \(pid {buffer_pid} on {HOST}; log "
+                                rf"{re.escape(str(out / 'logs'))}/buffer\.log\) died \(exit code -9\); restarted as "
+                                r"pid (\d+) in \d+s: (\d+) groups restored from \S+ \(\d+ trained since then left "
+                                r"out\); \d+ prompts it had lost re-queued\n", proc, 120)
         assert int(b.group(1)) != buffer_pid
         proc.wait(timeout=400)
     finally:
@@ -99,13 +114,22 @@ def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path
     text = log.read_text()
     assert proc.returncode == 0, text[-5000:]
     assert "[done]" in text
+    # each kill is the one line awaited above, and the console carries nothing but our own lines
+    said = [line for line in text.splitlines() if f"pid {victim} " in line or f"pid {buffer_pid} " in line]
+    assert said == [m.group(0).strip(), b.group(0).strip()], said
+    assert_quiet_console(text)
+    assert "A worker died or was killed" in (out / "logs" / "ray.log").read_text()  # Ray's account: in the logs
+    headers = [line for line in (out / "logs" / "actor-0.log").read_text().splitlines() if line.startswith("--- ")]
+    assert [h.split(",")[0] for h in headers] == [f"--- actor-0: pid {victim} on {socket.gethostname()}",
+                                                  f"--- actor-0: pid {m.group(2)} on {socket.gethostname()}"]
+    assert (out / "logs" / "buffer.log").is_file()
 
     train_rows = check_run(out, STEPS, K, "loss/pg")  # every step, none above the staleness bound
     assert_keys_documented(out)
     assert_weights_changed(out, STEPS, model_cache)
     assert train_rows[-1]["actors/restarts"] >= 1 and train_rows[-1]["buffer/restarts"] == 1
     restart_step = next(r["step"] for r in train_rows if r["actors/restarts"] >= 1)
-    assert int(m.group(1)) <= restart_step
+    assert version <= restart_step
 
     state = ledger_state(out, STEPS)
     keys = list(zip(state["epochs"], state["prompts"]))
