@@ -22,10 +22,11 @@ for the better: engines batch more), so the rule runs again every window and rai
 learner still waits.
 
 When raising does not help: if the actors cannot produce one batch per L at any concurrency (their
-throughput, not the latency, is the limit), w stays > 0 whatever K is. So a raise must have paid: while
-the wait is not below (1 − TOLERANCE) × the wait measured before the last raise, K stays (more staleness
-would only cost off-policyness); a window with no wait forgets that wait, so a learner that waits again
-later (longer responses) gets a raise again.
+throughput, not the latency, is the limit), w stays > 0 whatever K is. So a raise must pay: when the
+first window after a raise shows a wait not below (1 − TOLERANCE) × the wait measured before it, K
+stays, and stays through later windows (whose waits at the same K say nothing about K) until one shows
+no wait: more staleness would only cost off-policyness. A learner that waits again after that (longer
+responses) gets a raise again.
 
 The learner "does not wait" when w ≤ TOLERANCE × L (a few milliseconds of bookkeeping always remain).
 K is never lowered: credit in flight was granted under the bound in force, and the buffer holds each
@@ -53,8 +54,7 @@ SETTLE_STEPS = 3  # steps left out at the start and after an evaluation
 def next_bound(k: int, wait_s: float, busy_s: float, cap: int, waited_before: float | None = None) -> int:
     """The bound for the next window (module docstring). k: the bound in force over the window (versions);
     wait_s, busy_s: the learner's mean wait and busy seconds per step over it; cap: the ceiling;
-    waited_before: the mean wait of the window that led to the last raise (None: no raise since the learner
-    last stopped waiting)."""
+    waited_before: on the first window after a raise, the mean wait of the window that led to it (else None)."""
     if wait_s <= TOLERANCE * busy_s or k >= cap:
         return k
     if waited_before is not None and wait_s >= (1 - TOLERANCE) * waited_before:
@@ -68,7 +68,8 @@ class AutoStaleness:
 
     def __init__(self, k: int, cap: int):
         self.k, self.cap = k, cap
-        self.waited_before: float | None = None
+        self.waited_before: float | None = None  # the wait before the last raise, until its first window
+        self.frozen = False  # a raise did not shorten the wait: K stays until a window without waiting
         self.settle, self.window, self.first = SETTLE_STEPS, [], 0
         self.decided = False
 
@@ -89,14 +90,16 @@ class AutoStaleness:
         wait = sum(w for w, _ in self.window) / len(self.window)
         busy = sum(b for _, b in self.window) / len(self.window)
         self.window = []
-        k = next_bound(self.k, wait, busy, self.cap, self.waited_before)
+        waits = wait > TOLERANCE * busy
+        k = self.k if self.frozen and waits else next_bound(self.k, wait, busy, self.cap, self.waited_before)
         line = None
         if k != self.k or not self.decided:
             line = (f"[staleness] auto: K={k} (learner waited {wait:.2f} s/step at K={self.k} over steps "
                     f"{self.first}-{step}, busy {busy:.2f} s/step; ceiling {self.cap})")
         if k > self.k:
             self.waited_before, self.settle, self.k = wait, k + 1, k
-        elif wait <= TOLERANCE * busy:
+        else:
+            self.frozen = waits and (self.frozen or self.waited_before is not None)
             self.waited_before = None
         self.decided = True
         return line

@@ -62,7 +62,11 @@ def test_the_driver_side_settles_decides_and_reports_once_per_change():
 def test_a_raise_that_does_not_shorten_the_wait_is_not_repeated():
     auto = AutoStaleness(k=1, cap=8)
     lines = feed(auto, range(1, 60), lambda k: 0.3, 0.5)  # throughput-bound: the same wait at every K
-    assert auto.k == 3 and len(lines) == 1  # one raise (1 + ceil(2·0.3/0.5)), then K stays
+    assert auto.k == 3 and len(lines) == 1 and auto.frozen  # one raise (1 + ceil(2·0.3/0.5)), then K stays
+    # (10 steps hold at least one whole window of each)
+    assert feed(auto, range(60, 70), lambda k: 0.1, 0.5) == [] and auto.k == 3  # a lower wait at the same K
+    assert feed(auto, range(70, 80), lambda k: 0.0, 0.5) == [] and not auto.frozen  # no wait: unfrozen
+    assert feed(auto, range(80, 90), lambda k: 0.3, 0.5)[0].startswith("[staleness] auto: K=5")  # waits again
 
 
 def test_an_evaluation_restarts_the_window():
