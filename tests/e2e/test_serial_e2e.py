@@ -1,5 +1,6 @@
 """End to end: `algo-train --serial` trains with the learner and the actor in the driver process, without
-Ray (only the buffer service and vLLM's engine processes are subprocesses).
+Ray (only the buffer service and vLLM's engine processes are subprocesses). The algorithm is PACS: this is
+the suite's PACS run (its config crossing to Ray processes: tests/configs/test_config_pickles.py).
 
 Every process of the run's session is sampled while it runs: a vLLM engine must show up (so the
 sampling sees the run) and nothing of Ray may (no `ray::` worker, no GCS server, no raylet).
@@ -29,7 +30,7 @@ RAY_MARKERS = ("ray::", "gcs_server", "raylet", "/ray/", "ray.util", "default_wo
 
 def test_serial_trains_in_the_driver_process_without_ray(tmp_path, model_cache):
     out, log = tmp_path / "serial", tmp_path / "serial.log"
-    cmd = command(out, model_cache, "--algo", "grpo", "--serial", "--actors", "1", "--steps", "2",
+    cmd = command(out, model_cache, "--algo", "pacs", "--serial", "--actors", "1", "--steps", "2",
                   "--max-staleness", "1")
     seen: set[tuple[int, str]] = set()  # (pid, command line), every state sampled
     with open(log, "w") as sink:
@@ -46,7 +47,7 @@ def test_serial_trains_in_the_driver_process_without_ray(tmp_path, model_cache):
             proc.kill()
     text = log.read_text()
     assert proc.returncode == 0, text[-5000:]
-    check_run(out, 2, 1, "loss/pg")
+    check_run(out, 2, 1, "pacs/bce")
     assert_keys_documented(out)
     assert_weights_changed(out, 2, model_cache)
 

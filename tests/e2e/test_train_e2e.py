@@ -1,5 +1,6 @@
-"""End to end: `algo-train` runs every algorithm asynchronously with 2 real vLLM actors (Ray), a real
-buffer process, a real FSDP learner and real weight sync; a run resumes with no prompt trained twice.
+"""End to end: `algo-train` runs PRIME and LUFFY at the same time (two runs on one machine), and PURE with
+two learner ranks, a stranger probing its ports, Ctrl-C and `--resume` (no prompt trained twice); each
+with 2 real vLLM actors (Ray), a real buffer process, a real FSDP learner and real weight sync.
 
 Every run here is a user's run with their own model and data (`tests.e2e.real_model`, built once per
 session in seconds, nothing downloaded): `--model` a random-init Qwen2 (head_dim 64, grouped-query
@@ -7,11 +8,10 @@ attention, q/k/v biases, tied embeddings) with a byte-level BPE tokenizer traine
 (and LUFFY's `--demos`) MATH-500 as shipped, math-verify rewards, PURE's PRM a random-init HF
 token-classification model. Runs are small (groups of 4, 4 prompts a step, 48-token responses).
 A random model scores 0, so its groups are all-fail and are kept (`buffer.acc_lo=0.0` for PRIME's
-window filter); the weights must still move: PRIME's online PRM, PURE's PRM, PACS' BCE and LUFFY's
-teacher row (MATH-500's solution, reward 1) give non-zero advantages, and GRPO, whose all-fail
-advantages are 0, gets a small entropy bonus. Learning itself is measured by the quick-start curves.
+window filter); the weights must still move: PRIME's online PRM, PURE's PRM and LUFFY's teacher row
+(MATH-500's solution, reward 1) give non-zero advantages. Learning itself is measured by the quick-start
+curves.
 """
-
 from __future__ import annotations
 
 import json
@@ -22,13 +22,13 @@ import time
 
 import pytest
 
+from tests.cluster.stranger import Stranger, stranger_env, stranger_namespace
 from tests.e2e.helpers import (
     assert_quiet_console,
     assert_weights_changed_from,
     check_run,
     command,
     ledger,
-    rows,
     session_processes,
     train,
     trained_rows,
@@ -79,44 +79,82 @@ def check_user_run(out, log: str, assets: RealAssets, steps: int) -> None:
         assert isinstance(s["response"], str) and s["response_tokens"] > 0 and s["reward"] in (0.0, 1.0), s
 
 
-# rloo runs asynchronously with 2 actors in test_actor_restart_e2e.py (one vLLM start-up less); grpo in
-# the Ctrl-C test below
-@pytest.mark.parametrize("algo", ["prime", "pure", "luffy", "pacs"])
-def test_every_algorithm_runs_async_with_two_actors(algo, tmp_path, real_assets):
-    out = tmp_path / algo
-    proc = train(out, None, "--algo", algo, "--actors", "2", "--steps", "3", "--max-staleness", "1",
-                 *user_args(real_assets, *algo_args(algo, real_assets)))
-    rows = check_run(out, 3, 1, ALGO_KEYS[algo])
-    assert_weights_changed_from(real_assets.model, out, 3)
-    check_user_run(out, proc.stdout + proc.stderr, real_assets, 3)
-    if algo == "pure":  # row s reports the push of version s - 1 (it travelled during step s)
-        pushed = {r["step"]: r.get("weight_sync/changed_frac") for r in rows}
-        assert pushed[1] is None and pushed[2] == 1.0 and 0 < pushed[3] < 1, pushed
-    if algo == "luffy":  # the teacher rows are MATH-500's own solutions: math-verify scores them 1
-        assert all(r["luffy/reward_offpolicy"] == 1.0 for r in rows), rows
+# Where each algorithm runs end to end: grpo across two hosts (tests/cluster) and in the quick-start, rloo
+# in test_actor_restart_e2e.py, pacs --serial (test_serial_e2e.py), pure in the Ctrl-C run below, prime
+# and luffy here, at the same time.
+def test_two_runs_at_once_prime_and_luffy_both_finish(tmp_path, real_assets):
+    """Two users' runs on one machine at once, each with 2 actors under a local Ray of its own: ports, Ray
+    clusters, tokens and caches do not collide, and each run checks out as if it had run alone. LUFFY starts
+    once PRIME's Ray is up (two Rays starting in the same seconds on a loaded 2-core machine can miss Ray's
+    fixed 30 s raylet registration; `launch.cluster.start_local_ray` retries once)."""
+    runs = {}
+    for algo in ("prime", "luffy"):
+        if runs:
+            _, first_log, first = runs["prime"]
+            deadline = time.monotonic() + 180
+            while "[graph] buffer at" not in first_log.read_text() and first.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.5)
+        out, log = tmp_path / algo, tmp_path / f"{algo}.log"
+        argv = command(out, None, "--algo", algo, "--actors", "2", "--steps", "3", "--max-staleness", "1",
+                       *user_args(real_assets, *algo_args(algo, real_assets)))
+        with open(log, "w") as sink:
+            runs[algo] = (out, log, subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                                     env=dict(os.environ, RAY_DEDUP_LOGS="1")))
+    try:
+        for algo, (out, log, proc) in runs.items():
+            proc.wait(timeout=600)
+            text = log.read_text()
+            assert proc.returncode == 0, f"{algo}:\n{text[-5000:]}"
+            rows = check_run(out, 3, 1, ALGO_KEYS[algo])
+            assert_weights_changed_from(real_assets.model, out, 3)
+            check_user_run(out, text, real_assets, 3)
+            if algo == "luffy":  # the teacher rows are MATH-500's own solutions: math-verify scores them 1
+                assert all(r["luffy/reward_offpolicy"] == 1.0 for r in rows), rows
+    finally:
+        for _, _, proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
 
 
 def test_ctrl_c_stops_cleanly_then_resume_trains_no_prompt_twice(tmp_path, real_assets):
-    out = tmp_path / "grpo"
-    args = user_args(real_assets, "--set", "loss.entropy_coef=0.01")  # all-fail groups: only the bonus moves it
-    cmd = command(out, None, "--algo", "grpo", "--steps", "40", *args)
-    # A terminal's Ctrl-C signals the whole foreground process group: do the same to a new session.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (out / "metrics.jsonl").exists() and len([r for r in rows(out) if "loss/total" in r]) >= 3:
-                break
-            time.sleep(1)
-        assert proc.poll() is None, f"run ended before it could be interrupted:\n{proc.stdout.read()[-4000:]}"
-        os.killpg(proc.pid, signal.SIGINT)
-        log, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, log[-4000:]
-    assert "[stop]" in log and "[done]" in log
+    """PURE with its HF PRM, bf16 delta weight pushes, two learner ranks and two actors. While it trains, a
+    stranger in another network namespace probes every port it listens on (`tests.cluster.stranger`; skipped
+    where namespaces cannot be made); then Ctrl-C, and `--resume` trains 2 more steps on the sharded
+    checkpoint: no prompt is trained twice."""
+    out, log = tmp_path / "pure", tmp_path / "pure.log"
+    args = user_args(real_assets, *algo_args("pure", real_assets), "--set", "learner.world_size=2",
+                     "--set", "learner.cpus_per_rank=0.5", "--max-staleness", "1")
+    cmd = command(out, None, "--algo", "pure", "--actors", "2", "--steps", "40", *args)
+    with stranger_namespace() as ns:
+        # A terminal's Ctrl-C signals the whole foreground process group: do the same to a new session.
+        with open(log, "w") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                    env=stranger_env() | {"RAY_DEDUP_LOGS": "1"})
+        stranger = Stranger(ns, proc.pid) if ns else None
+        try:
+            deadline = time.monotonic() + 900  # a hang guard: a loaded 2-core machine needs minutes to start two ranks and two engines
+            while time.monotonic() < deadline and proc.poll() is None:
+                trained = len(trained_rows(out))
+                if stranger is not None:
+                    stranger.sample()
+                    if trained and not stranger.probed:  # every service is up: the first push is done
+                        stranger.probe(tmp_path / "home")
+                        continue
+                if trained >= 3:
+                    break
+                time.sleep(0.5)
+            assert proc.poll() is None, f"run ended before it could be interrupted:\n{log.read_text()[-4000:]}"
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=240)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert proc.returncode == 130, text[-4000:]
+    assert "[stop]" in text and "[done]" in text
+    if stranger is not None:
+        stranger.check()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] is True
     time.sleep(3)
@@ -126,13 +164,16 @@ def test_ctrl_c_stops_cleanly_then_resume_trains_no_prompt_twice(tmp_path, real_
     stopped_at = summary["step"]
     first = ledger(out, stopped_at)
     assert len(first) == stopped_at * 4 and len(set(first)) == len(first)
+    # row s reports the push of version s - 1 (it travelled during step s): 1 and 3 full, 2 a delta
+    pushed = {r["step"]: r.get("weight_sync/changed_frac") for r in trained_rows(out) if r["step"] <= 3}
+    assert pushed[1] is None and pushed[2] == 1.0 and 0 < pushed[3] < 1, pushed
 
     # Continue the interrupted run for 2 more steps: exactly 2 steps of new prompts are added.
-    proc2 = train(out, None, "--algo", "grpo", "--steps", str(stopped_at + 2), "--resume", str(out), *args)
+    proc2 = train(out, None, "--algo", "pure", "--steps", str(stopped_at + 2), "--resume", str(out), *args)
     assert "[resume]" in proc2.stdout + proc2.stderr
     both = ledger(out, stopped_at + 2)
     assert len(both) == (stopped_at + 2) * 4 and len(set(both)) == len(both), "a prompt was trained twice"
     assert set(first) <= set(both)
-    check_run(out, stopped_at + 2, 1, "loss/pg")
+    check_run(out, stopped_at + 2, 1, ALGO_KEYS["pure"])
     assert_weights_changed_from(real_assets.model, out, stopped_at + 2)
-    check_user_run(out, log + proc2.stdout + proc2.stderr, real_assets, stopped_at + 2)
+    check_user_run(out, text + proc2.stdout + proc2.stderr, real_assets, stopped_at + 2)
