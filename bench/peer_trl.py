@@ -79,7 +79,7 @@ UNMATCHED = [
     "the engines: TRL builds its colocated engine without enforce_eager (TRL has no option for it), so vLLM-CPU "
     "compiles the model with inductor at start-up; our CPU engines run eager, one bound core each. Batch "
     "shapes differ too, so greedy decoding of the same weights differs on a few float32 near-ties (the "
-    "accuracies before RL below)",
+    "accuracies at step 0)",
 ]
 
 
