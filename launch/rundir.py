@@ -47,7 +47,8 @@ RESUME_SAFE = (
     "learner.cpus_per_rank", "learner.gpus_per_rank", "learner.custom_resources",
     "rollout.num_actors", "rollout.prompts_in_flight", "rollout.cpus_per_actor", "rollout.gpus_per_actor",
     "rollout.custom_resources", "rollout.kv_cache_gib", "rollout.engine.",
-    "buffer.max_staleness", "buffer.capacity_groups", "buffer.max_message_mb", "buffer.host", "buffer.port",
+    "buffer.max_staleness", "buffer.max_staleness_auto", "buffer.max_staleness_cap", "buffer.capacity_groups",
+    "buffer.max_message_mb", "buffer.host", "buffer.port",
     "weight_sync.", "logging.", "serial", "placement_timeout_s",
 )
 NOT_COMPARED = ("resume", "resumed", "ray_address", "logging.output_dir")  # set by the resume itself

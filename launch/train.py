@@ -113,7 +113,7 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None)
     progress = Progress(cfg.learner.steps, cfg.logging.progress)
     progress.message(f"[run] {cluster.describe()}")
     progress.message(f"[run] {cfg.algo}: {cfg.rollout.num_actors} actor(s), {cfg.learner.world_size} learner "
-                     f"rank(s), max_staleness {cfg.buffer.max_staleness}, {cfg.learner.steps} steps -> {run_dir}")
+                     f"rank(s), max_staleness {staleness_text(cfg)}, {cfg.learner.steps} steps -> {run_dir}")
     for line in start_lines(cfg):  # GPU runs: weight sync of shared GPUs, the learner memory estimate
         progress.message(line)
     for line in resume_lines(resume, run_dir) if resume is not None else ():
@@ -165,3 +165,9 @@ def after_run(status: int, run_dir: Path) -> str | None:
         return f"{head} before its first checkpoint; start it over: --output {run_dir} --force"
     fix = "" if status == 130 or death else " once the cause is fixed"
     return f"{head}; continue from step {step}{fix}: algo-train --resume {run_dir}"
+
+
+def staleness_text(cfg: RunConfig) -> str:
+    """The bound as the start-up line gives it: K, or how `max_staleness: auto` starts and where it may go."""
+    b = cfg.buffer
+    return f"auto (from {b.max_staleness}, up to {b.max_staleness_cap})" if b.max_staleness_auto else str(b.max_staleness)

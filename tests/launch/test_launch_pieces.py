@@ -127,3 +127,13 @@ def test_a_local_ray_too_busy_to_start_is_retried_then_refused_in_one_line():
     assert calls == ["start", "stop", "start"]
     with pytest.raises(ValueError):  # anything else is not Ray's start-up timeout: raised as it is
         start_local_ray(lambda: (_ for _ in ()).throw(ValueError("bad")), lambda: None)
+
+
+def test_a_resume_may_change_how_the_staleness_bound_is_chosen_and_the_start_line_says_auto():
+    from configs.loading import resolve
+    from launch.rundir import resume_safe
+    from launch.train import staleness_text
+
+    assert resume_safe("buffer.max_staleness_auto") and resume_safe("buffer.max_staleness_cap")
+    assert staleness_text(resolve("grpo", overrides=["buffer.max_staleness=auto"])) == "auto (from 1, up to 4)"
+    assert staleness_text(resolve("grpo", overrides=["buffer.max_staleness=3"])) == "3"
