@@ -223,6 +223,12 @@ class LearnerConfig(Section):
                                 "and the new steps: a shortened run keeps its LR curve, a decaying schedule "
                                 "extended past it is stretched to the new end (the LR jumps to the stretched curve)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
+    collective_timeout_s: float = Field(
+        1800.0, gt=0, description="seconds one collective of the learner ranks may take before the ranks fail "
+                                  "(the process group's timeout): bounds a checkpoint's closing collectives, which "
+                                  "wait for the slowest rank's write (a 7B checkpoint is ~91 GB on shared storage; "
+                                  "torch's NCCL default is 600 s) and the ranks' wait for each other at start. A "
+                                  "dead rank is found by its process, not by this")
     keep_checkpoints: int = Field(
         3, ge=0, description="checkpoints kept under checkpoints/: the newest K complete ones (plus the one a "
                              "resumed run started from); 0 = keep all")

@@ -42,7 +42,7 @@ RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints")
 # Keys a resume may change: exact dotted keys, or a section prefix ending in ".".
 RESUME_SAFE = (
     "learner.steps", "learner.lr_horizon_steps", "learner.eval_every", "learner.save_every",
-    "learner.keep_checkpoints", "learner.hf_every", "learner.micro_batch_samples", "learner.micro_batch_tokens",
+    "learner.keep_checkpoints", "learner.hf_every", "learner.collective_timeout_s", "learner.micro_batch_samples", "learner.micro_batch_tokens",
     "learner.packing", "learner.logprob_chunk_tokens", "learner.activation_checkpointing",
     "learner.cpus_per_rank", "learner.gpus_per_rank", "learner.custom_resources",
     "rollout.num_actors", "rollout.prompts_in_flight", "rollout.cpus_per_actor", "rollout.gpus_per_actor",

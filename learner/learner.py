@@ -58,7 +58,7 @@ class Learner:
         self.model_dir = Path(model_dir)
         self.spec = algos.get(cfg.algo)
         self.device = torch.device(device) if device is not None else default_device(rank)
-        init_distributed(rank, self.world_size, self.device, init_method)
+        init_distributed(rank, self.world_size, self.device, init_method, cfg.learner.collective_timeout_s)
         torch.manual_seed(cfg.learner.seed)
         self.mesh = make_mesh(self.device, self.world_size)
         self.dtype = cfg.model.resolved_dtype(gpu=self.device.type == "cuda")  # auto: the launch resolves it first

@@ -70,3 +70,25 @@ def test_spawn_ranks_returns_in_rank_order_and_reports_failures():
     assert [o[:3] for o in out] == [(0, 2, "ok"), (1, 2, "ok")] and out[0][3] == out[1][3]
     with pytest.raises(RuntimeError, match="(?s)learner rank 1 failed.*rank 1 refuses"):
         spawn_ranks(rank_info, 2, "fail", timeout_s=120)
+
+
+def test_the_learners_process_group_takes_the_configured_collective_timeout(tiny_dir, monkeypatch):
+    """learner.collective_timeout_s reaches the process group (gpu_path.md C11: torch's NCCL default of 600 s
+    bounded a slow checkpoint's closing collectives); the default is 1800 s."""
+    import learner.learner as module
+    from learner.learner import Learner
+    from tests.learner.helpers import make_cfg
+
+    seen = []
+
+    def capture(rank, world_size, device, init_method=None, timeout_s=600.0):
+        seen.append(timeout_s)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(module, "init_distributed", capture)
+    cfg = make_cfg("grpo")
+    assert cfg.learner.collective_timeout_s == 1800.0
+    cfg.learner.collective_timeout_s = 1234.0
+    with pytest.raises(RuntimeError, match="captured"):
+        Learner(cfg, 0, 1, tiny_dir)
+    assert seen == [1234.0]
