@@ -22,6 +22,7 @@ def group_of(path: Path) -> str:
     return "runs" if folder in RUNS else folder
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group_of(Path(item.fspath))))
