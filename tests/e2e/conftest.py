@@ -11,8 +11,9 @@ from tests.e2e.real_model import RealAssets, build_real_assets
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> str:
-    """The model cache of the session: the SFT-warmed tiny model is built once (~30 s). E2E_MODEL_CACHE=DIR
-    reuses DIR instead (one built earlier; it must hold a single SFT-warmed model)."""
+    """The model cache of the session: the built-in tiny model, built once (seconds; the runs here use it
+    untrained, `tests.e2e.helpers.UNTRAINED`). E2E_MODEL_CACHE=DIR reuses DIR instead (one built earlier; it
+    must hold that one model)."""
     return os.environ.get("E2E_MODEL_CACHE") or str(tmp_path_factory.mktemp("model-cache"))
 
 

@@ -30,6 +30,7 @@ import time
 import pytest
 
 from tests.e2e.helpers import (
+    UNTRAINED,
     alive,
     assert_keys_documented,
     assert_quiet_console,
@@ -66,7 +67,7 @@ def _wait_for_text(log, pattern: str, proc: subprocess.Popen, timeout_s: float) 
 def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path, model_cache):
     out, log = tmp_path / "crash", tmp_path / "crash.log"
     cmd = command(out, model_cache, "--algo", "rloo", "--actors", "2", "--steps", str(STEPS),
-                  "--max-staleness", str(K), "--set", "buffer.snapshot_every_s=2")
+                  "--max-staleness", str(K), "--set", "buffer.snapshot_every_s=2", *UNTRAINED)
     with open(log, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, RAY_DEDUP_LOGS="1"))

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.e2e.helpers import (
+    UNTRAINED,
     assert_keys_documented,
     assert_weights_changed,
     check_run,
@@ -31,7 +32,7 @@ RAY_MARKERS = ("ray::", "gcs_server", "raylet", "/ray/", "ray.util", "default_wo
 def test_serial_trains_in_the_driver_process_without_ray(tmp_path, model_cache):
     out, log = tmp_path / "serial", tmp_path / "serial.log"
     cmd = command(out, model_cache, "--algo", "pacs", "--serial", "--actors", "1", "--steps", "2",
-                  "--max-staleness", "1")
+                  "--max-staleness", "1", *UNTRAINED)
     seen: set[tuple[int, str]] = set()  # (pid, command line), every state sampled
     with open(log, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
