@@ -25,6 +25,7 @@ from launch.roles import named, where
 
 HEALTH_EVERY_S = 5.0  # how often a training driver checks actor health (one parallel call to all of them)
 BUFFER_TIMEOUT_S = 20.0  # the driver's buffer calls: longer than any snapshot, short enough to notice a death
+BUFFER_EXIT_S = 2.0  # how long a buffer that dropped the connection may take to be seen dead (`await_buffer_exit`)
 
 
 def push_suspects(error: BaseException, actors: int) -> dict[int, str]:
@@ -77,9 +78,17 @@ class Recovery:
         try:
             return call(self.client)
         except BufferUnavailable:
+            self.await_buffer_exit()
             if not self.restart_dead_buffer():
                 raise
             return call(self.client)
+
+    def await_buffer_exit(self, within_s: float = BUFFER_EXIT_S) -> None:
+        """A killed process closes its sockets a moment before it can be reaped: the driver's client may see
+        the connection lost while the process still counts as alive. Give its exit up to `within_s` to show."""
+        deadline = time.monotonic() + within_s
+        while self.keeper is not None and self.keeper.death() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def restart_dead_buffer(self) -> bool:
         """Restart the buffer process if it died (`launch.buffer_keeper`); True when it did."""

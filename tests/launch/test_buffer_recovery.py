@@ -86,3 +86,36 @@ def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and
         actor.close()
         driver.client.close()
         keeper.stop()
+
+
+def test_a_connection_lost_before_the_killed_buffer_can_be_reaped_still_restarts_it():
+    """The race seen in the actor-restart e2e: SIGKILL closes the buffer's socket a moment before its exit is
+    visible, so the driver's pull fails with "connection lost" while the process still counts as alive."""
+    from buffer.client import BufferUnavailable
+    from launch.recovery import Recovery
+
+    class Keeper:  # the process closed its socket; its exit shows a few polls later
+        polls = 0
+
+        def death(self):
+            self.polls += 1
+            return "exit code -9" if self.polls > 3 else None
+
+    recovery = object.__new__(Recovery)
+    recovery.keeper, recovery.client = Keeper(), "old"
+    restarted = []
+
+    def restart_dead_buffer():
+        if recovery.keeper.death() is None:
+            return False
+        restarted.append(recovery.client)
+        recovery.client = "new"
+        return True
+
+    def pull(client):
+        if client == "old":
+            raise BufferUnavailable("buffer at tcp://127.0.0.1:1: connection lost while waiting for 'pull'")
+        return "pulled"
+
+    recovery.restart_dead_buffer = restart_dead_buffer
+    assert recovery.call_on_live_buffer(pull) == "pulled" and restarted == ["old"]
