@@ -235,30 +235,31 @@ def versions() -> str:
     return ", ".join(out)
 
 
+
+def run_side(name: str, cmd: list[str], log_path: Path, timeout_s: float) -> bool:
+    """Run one side of the comparison ("ours" or "trl") with its lines stamped into `log_path`; False (said)
+    when it fails."""
+    log(f"[peer] {name}: {shlex.join(cmd)}")
+    rc, _ = run_stamped(cmd, log_path, timeout_s, name)
+    if rc != 0:
+        log(f"[peer] the {name} run failed (status {rc}); see {log_path}")
+    return rc == 0
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = args.out_dir.resolve()
     out.mkdir(parents=True, exist_ok=True)
     ours_dir, trl_dir = out / "ours", out / "trl"
     loads = [load_average()]
-    if not args.reuse:
-        cmd = ours_command(args, ours_dir)
-        log(f"[peer] ours: {shlex.join(cmd)}")
-        rc, _ = run_stamped(cmd, out / "ours.log", args.timeout_s, "ours")
-        if rc != 0:
-            log(f"[peer] our run failed (status {rc}); see {out / 'ours.log'}")
-            return 1
+    if not args.reuse and not run_side("ours", ours_command(args, ours_dir), out / "ours.log", args.timeout_s):
+        return 1
     loads.append(load_average())
     from configs.loading import resolve_saved
 
     steps = resolve_saved(ours_dir / "config.yaml").learner.steps
-    if not args.reuse:
-        cmd = trl_command(trl_dir, ours_dir, t0=f"{time.time():.3f}")
-        log(f"[peer] TRL: {shlex.join(cmd)}")
-        rc, _ = run_stamped(cmd, out / "trl.log", args.timeout_s, "trl")
-        if rc != 0:
-            log(f"[peer] the TRL run failed (status {rc}); see {out / 'trl.log'}")
-            return 1
+    if not args.reuse and not run_side("trl", trl_command(trl_dir, ours_dir, t0=f"{time.time():.3f}"),
+                                       out / "trl.log", args.timeout_s):
+        return 1
     loads.append(load_average())
     ours, trl = analyse_ours(ours_dir, out / "ours.log", steps), analyse_trl(trl_dir, steps)
     cmp = compare(ours, trl)
