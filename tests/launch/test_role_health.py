@@ -35,6 +35,9 @@ class Actor:
     def __init__(self, mode: str):
         self.mode = mode
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def stats(self) -> dict:
         if self.mode == "stuck":
             time.sleep(60)
@@ -77,8 +80,10 @@ def test_the_health_check_asks_every_actor_at_once(ray_local):
     graph.serial, graph._ray = False, ray_local
     modes = ["ok", "stuck", "dead", "engine_dead"]
     graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote(m) for m in modes]
-    pid = ray_local.get(graph.actors[2].stats.remote())["pid"]
-    os.kill(pid, 9)
+    # every actor process is up before the deadline starts (a worker's start-up under load took longer than
+    # the 3 s deadline on CI), so only the stuck one can run out of it
+    pids = ray_local.get([a.pid.remote() for a in graph.actors])
+    os.kill(pids[2], 9)
     stats, dead = graph.actor_stats(timeout_s=3)
     assert list(stats) == [0] and dead == {1: "no answer within 3s", 2: "process gone: ActorDiedError",
                                            3: "its vLLM engine died"}
