@@ -8,10 +8,11 @@ the same step means the same sample budget. K = 0 is the synchronous baseline: a
 at the learner's current version and only one batch's worth, so generation and training alternate.
 
 Placement (launch/placement.py, applied by launch/graph.py on a CPU machine without --ray-address): the
-learner rank takes whole cores from the top and the actors share the rest — on a 2-core box the two
-0.5-CPU actor engines both run on core 0 (`VLLM_CPU_OMP_THREADS_BIND=0`) and the learner rank on core 1
-(`sched_setaffinity` + one torch thread). The driver, the buffer process, Ray and vLLM's front-end
-processes are not pinned. The script prints the plan for the resolved configuration before running.
+learner rank takes whole cores from the top (on a 2-core box core 1: `sched_setaffinity` + one torch
+thread); the actor engines may run on every core at a lower CPU priority (`rollout.cpu_nice`), so they
+use what the learner leaves idle. (Results recorded before 2026-11-26 had the two 0.5-CPU engines
+sharing core 0.) The driver, the buffer process and Ray are not pinned. The script prints the plan for
+the resolved configuration before running.
 
 Reported per run (one JSON line each on stdout) and per K (a markdown table, and one summary JSON line):
 - samples/s in steady state: samples the learner consumed ÷ wall-clock, over the steps after the
@@ -308,7 +309,7 @@ def render(args: argparse.Namespace, records: list[dict], summaries: list[dict],
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from configs.loading import ConfigError, resolve
-    from launch.placement import plan_cores
+    from launch.placement import plan_rank_cores
 
     try:  # every configuration validates before anything starts
         cfgs = {(k, s): resolve(args.algo, overrides=overrides_for(args, k, s)) for s in args.seeds for k in args.ks}
@@ -317,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = cfgs[(args.ks[0], args.seeds[0])]
     if cfg.ray_address is None and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0:
-        actors, ranks = plan_cores(cfg.rollout.num_actors, cfg.rollout.cpus_per_actor, cfg.learner.world_size,
-                                   cfg.learner.cpus_per_rank)
-        log(f"[bench] placement: actor engines on cores {actors}, learner rank(s) on {ranks}")
+        ranks = plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank)
+        log(f"[bench] placement: learner rank(s) on cores {ranks}, actor engines on every core at nice "
+            f"+{cfg.rollout.cpu_nice}")
     if 0 not in args.ks:
         log("[bench] warning: K=0 is not in --ks, so no ratio, bound or accuracy delta can be computed")
     args.out_dir.mkdir(parents=True, exist_ok=True)

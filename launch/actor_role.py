@@ -14,30 +14,32 @@ import os
 
 from actors.actor import RolloutActor
 from launch.cluster import joins_cluster
-from launch.roles import node_host, to_log_file, where
+from launch.roles import lower_priority, node_host, to_log_file, where
 
 
-def actor_env(cfg, cores: list[int] | None) -> dict[str, str]:
-    """The environment of an actor's process: its engine's CPU cores (`VLLM_CPU_OMP_THREADS_BIND`, the
-    cores `launch.placement` chose; none off CPU pinning) and KV cache (`VLLM_CPU_KVCACHE_SPACE`, GiB).
+def actor_env(cfg) -> dict[str, str]:
+    """The environment of an actor's process: its engine's KV cache (`VLLM_CPU_KVCACHE_SPACE`, GiB).
     Engines log at ERROR unless the user asks for more (their INFO lines would bury the
-    progress line: vLLM logs every weight reload); c10d's polling chatter is silenced the same way."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.rollout.resolved_kv_cache_gib(gpu=False)))),
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-           "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
-    if cores:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
-    return env
+    progress line: vLLM logs every weight reload); c10d's polling chatter is silenced the same way.
+    (No `VLLM_CPU_OMP_THREADS_BIND`: only vLLM's multiprocess executor applies it, and CPU engines run
+    the in-process one, `actors.engine`; the engine's threads are the process's torch threads, which
+    Ray sets from the actor's CPUs.)"""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.rollout.resolved_kv_cache_gib(gpu=False)))),
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
 
 
 class ActorRole(RolloutActor):
     """One rollout actor (`actors.actor.RolloutActor`), its output in its log file (`launch.roles.to_log_file`)."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts,
-                 initial_version: int = 0, skip: list | None = None, secrets=None):
+                 initial_version: int = 0, skip: list | None = None, secrets=None, nice: int = 0):
         """skip: (epoch, prompt) pairs never to generate (trained, discarded or held by the buffer:
-        `launch.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
+        `launch.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`);
+        nice: how much lower this process's CPU priority is than the learner's (`rollout.cpu_nice`, one
+        CPU machine only)."""
         to_log_file()
+        lower_priority(nice)
         if joins_cluster(cfg):  # the engine's own processes talk over this node's address
             os.environ.setdefault("VLLM_HOST_IP", node_host(cluster=True))
         super().__init__(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,

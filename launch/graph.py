@@ -33,7 +33,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     from launch.cluster import joins_cluster
     from launch.data import load_run_data
     from launch.model_prep import prepare_model
-    from launch.placement import plan_cores
+    from launch.placement import plan_rank_cores
     from launch.processes import ProcessGraph
     from launch.storage import check_shared_storage, other_nodes, shared_paths
 
@@ -53,17 +53,17 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         keeper = BufferKeeper(cfg, run_dir, advertise_host=graph.node_ip() if cluster else None, secrets=secrets)
         graph.buffer_address = keeper.start()
         progress.message(f"[graph] buffer at {graph.buffer_address} (CURVE: only this run's key pair is served)")
-        pin = not cluster and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0
-        actor_cores, rank_cores = (plan_cores(cfg.rollout.num_actors, cfg.rollout.cpus_per_actor,
-                                              cfg.learner.world_size, cfg.learner.cpus_per_rank)
-                                   if pin else ([None] * cfg.rollout.num_actors, [None] * cfg.learner.world_size))
-        if cfg.serial:  # the learner is this process: pinning it would pin the actors' loops to its cores too
-            rank_cores = [None] * cfg.learner.world_size
+        # one CPU machine: learner ranks on their own cores, actors on every core below the learner's priority
+        # (--serial: the learner is this process, whose threads also run the actors' loops: neither applies)
+        one_cpu_machine = (not cluster and not cfg.serial and cfg.rollout.gpus_per_actor == 0
+                           and cfg.learner.gpus_per_rank == 0)
+        rank_cores = (plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank) if one_cpu_machine
+                      else [None] * cfg.learner.world_size)
         graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
         driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public(),
                         keeper=keeper)
         skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
-        graph.start_actors(actor_cores, skip=skip, version=driver.version)
+        graph.start_actors(skip=skip, version=driver.version, nice=cfg.rollout.cpu_nice if one_cpu_machine else 0)
         graph.connect_weight_sync()
         driver.write_processes()
         ws = cfg.weight_sync

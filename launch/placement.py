@@ -1,10 +1,11 @@
 """Where the roles run: Ray placement groups (any run with Ray), and CPU cores (a single CPU machine).
 
 `Placement` reserves one Ray bundle per role before any role starts (see its docstring and
-`launch.resources` for the bundle sizes and the strategies). `plan_cores` pins on a single CPU machine
-only: learner ranks take whole cores from the top of the machine (ceil(cpus_per_rank) each); actors
-share the remaining cores round-robin (two 0.5-CPU actors on a 2-core box share core 0, the learner
-gets core 1). With GPUs, or on a joined Ray cluster (roles land on other nodes), nothing is pinned.
+`launch.resources` for the bundle sizes and the strategies). `plan_rank_cores` pins on a single CPU
+machine only: learner ranks take whole cores from the top of the machine (ceil(cpus_per_rank) each).
+The actors are not pinned there: they may run on every core at a lower CPU priority
+(`rollout.cpu_nice`, `launch.roles.lower_priority`), so a core the learner leaves idle generates. With
+GPUs, or on a joined Ray cluster (roles land on other nodes), nothing is pinned.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from launch.cluster import cluster_nodes
 from launch.resources import Plan, ResourceError
 
 
-def plan_cores(num_actors: int, cpus_per_actor: float, ranks: int, cpus_per_rank: float,
-               cores: list[int] | None = None) -> tuple[list[list[int]], list[list[int]]]:
+def plan_rank_cores(ranks: int, cpus_per_rank: float, cores: list[int] | None = None) -> list[list[int]]:
+    """The cores of each learner rank: ceil(cpus_per_rank) whole cores each, from the top of `cores`
+    (default: this process's); when they run out, the remaining ranks share the lowest core left."""
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
     per_rank = max(1, math.ceil(cpus_per_rank))
     rank_cores: list[list[int]] = []
@@ -28,12 +30,7 @@ def plan_cores(num_actors: int, cpus_per_actor: float, ranks: int, cpus_per_rank
         rank_cores.append(take)
         if len(free) > len(take):
             free = free[: len(free) - len(take)]
-    per_actor = max(1, math.floor(cpus_per_actor)) if cpus_per_actor >= 1 else 1
-    actor_cores = []
-    for i in range(num_actors):
-        start = (i * per_actor) % len(free) if cpus_per_actor >= 1 else int(i * cpus_per_actor) % len(free)
-        actor_cores.append([free[(start + k) % len(free)] for k in range(min(per_actor, len(free)))])
-    return actor_cores, rank_cores
+    return rank_cores
 
 
 class Placement:

@@ -25,16 +25,15 @@ def test_ray_sees_every_method_the_graph_calls_with_the_graph_s_arguments():
     for name, args in GRAPH_CALLS.items():
         assert name in methods, name
         inspect.signature(getattr(ActorRole, name)).bind(None, *args)
-    inspect.signature(ActorRole).bind(resolve("grpo"), 0, "/model", "tcp://127.0.0.1:1", [], 3, [[0, 1]], None)
+    inspect.signature(ActorRole).bind(resolve("grpo"), 0, "/model", "tcp://127.0.0.1:1", [], 3, [[0, 1]], None, 10)
 
 
-def test_the_actor_env_pins_cores_sizes_the_kv_cache_and_keeps_the_user_s_log_level(monkeypatch):
+def test_the_actor_env_sizes_the_kv_cache_and_keeps_the_user_s_log_level(monkeypatch):
     cfg = resolve("grpo", overrides=["rollout.kv_cache_gib=2.5"])
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
     monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
-    assert actor_env(cfg, [2, 3]) == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "DEBUG",
-                                      "TORCH_CPP_LOG_LEVEL": "ERROR", "VLLM_CPU_OMP_THREADS_BIND": "2,3"}
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in actor_env(cfg, None)  # not pinned (GPUs, a cluster)
+    assert actor_env(cfg) == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_LOGGING_LEVEL": "DEBUG",
+                              "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 
 def test_an_actor_role_builds_in_process_as_serial_builds_it(tmp_path):
