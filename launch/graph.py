@@ -59,11 +59,15 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
                            and cfg.learner.gpus_per_rank == 0)
         rank_cores = (plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank) if one_cpu_machine
                       else [None] * cfg.learner.world_size)
+        nice = cfg.rollout.cpu_nice if one_cpu_machine else 0
+        if not cfg.resume:  # the engines start while the learner does (a resume first learns what to skip)
+            graph.start_actors(skip=[], version=0, nice=nice)
         graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
         driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public(),
                         keeper=keeper)
-        skip = driver.restore(Path(cfg.resume)) if cfg.resume else []
-        graph.start_actors(skip=skip, version=driver.version, nice=cfg.rollout.cpu_nice if one_cpu_machine else 0)
+        if cfg.resume:
+            graph.start_actors(skip=driver.restore(Path(cfg.resume)), version=driver.version, nice=nice)
+        graph.await_actors()
         graph.connect_weight_sync()
         driver.write_processes()
         ws = cfg.weight_sync

@@ -207,17 +207,25 @@ class ProcessGraph:
                     [list(k) for k in skip], self.secrets, self.actor_nice)
 
     def start_actors(self, skip: list[Key], version: int = 0, nice: int = 0) -> None:
-        """nice: the actors' CPU priority below the learner's (`ActorRole`; restarted actors get it too)."""
+        """Create the actors and start their engines, without waiting (`await_actors` does): the learner
+        ranks can start meanwhile. nice: the actors' CPU priority below the learner's (`ActorRole`;
+        restarted actors get it too)."""
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:
             return
         self.actor_nice = nice
         # the training prompts: put in Ray's object store once, not pickled into every actor's arguments
         self._train = self.data.train if self.serial else self._ray.put(self.data.train)
-        t0 = time.monotonic()
+        self._actors_since = time.monotonic()
         self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
-        self.pids = self._get([a.start.remote() for a in self.actors])
+        self._starting = [a.start.remote() for a in self.actors]
+
+    def await_actors(self) -> None:
+        """Wait until every engine `start_actors` started is up; says how long it took."""
+        if not self.actors:
+            return
+        self.pids = self._get(self._starting)
         pids = "" if self.serial else f" (pids {', '.join(map(str, self.pids))})"
-        self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - t0:.0f}s{pids}")
+        self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - self._actors_since:.0f}s{pids}")
 
     def connect_weight_sync(self) -> None:
         """Every actor joins rank 0's weight-sync group (on rank 0's node, admitted with the run's
