@@ -98,22 +98,13 @@ def keep_on_loopback() -> None:
 
 
 def rendezvous_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.TCPStore:
-    """The process group's store at host:port: rank 0 serves it on `host` only (a socket bound there is
-    handed to torch, `master_listen_fd`; torch's own server binds every interface), the others connect."""
-    timeout = timedelta(seconds=timeout_s)
-    if not is_server:
-        return dist.TCPStore(host, port, None, False, timeout=timeout)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return dist.TCPStore(host, sock.getsockname()[1], None, True, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=sock.detach())
+    """The process group's store at host:port: rank 0 serves it on `host` only
+    (`weightsync.protocol.serve_store`: torch's own server binds every interface), the others connect."""
+    from weightsync.protocol import serve_store
+
+    if is_server:
+        return serve_store(host, port, timeout_s)
+    return dist.TCPStore(host, port, None, False, timeout=timedelta(seconds=timeout_s))
 
 
 def comm_device() -> torch.device:
