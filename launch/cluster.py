@@ -125,10 +125,6 @@ def init_ray(cfg: RunConfig) -> None:
         ray.init(address=cfg.ray_address, log_to_driver=True, **RAY_INIT)
     else:
         private_ray_token(os.environ)
-        # Ray runs its workers 15 nice levels below the driver by default; here the learner ranks are workers
-        # and the actors must sit below them (`rollout.cpu_nice`, launch.roles.lower_priority), with 19 as
-        # the floor: the workers start at the driver's priority unless the user set it
-        os.environ.setdefault("RAY_worker_niceness", "0")
         start_local_ray(lambda: ray.init(address="local", num_cpus=max(1, len(os.sched_getaffinity(0))),
                                          log_to_driver=True, **RAY_INIT), ray.shutdown)
 
