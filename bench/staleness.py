@@ -9,8 +9,7 @@ at the learner's current version and only one batch's worth, so generation and t
 
 Placement (launch/placement.py, applied by launch/graph.py on a CPU machine without --ray-address): the
 learner rank takes whole cores from the top (on a 2-core box core 1: `sched_setaffinity` + one torch
-thread); the actor engines may run on every core at a lower CPU priority (`rollout.cpu_nice`), so they
-use what the learner leaves idle. (Results recorded before 2026-11-26 had the two 0.5-CPU engines
+thread); the actor engines are not pinned, so they use what the learner leaves idle. (Results recorded before 2026-11-26 had the two 0.5-CPU engines
 sharing core 0.) The driver, the buffer process and Ray are not pinned. The script prints the plan for
 the resolved configuration before running.
 
@@ -319,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = cfgs[(args.ks[0], args.seeds[0])]
     if cfg.ray_address is None and cfg.rollout.gpus_per_actor == 0 and cfg.learner.gpus_per_rank == 0:
         ranks = plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank)
-        log(f"[bench] placement: learner rank(s) on cores {ranks}, actor engines on every core at nice "
-            f"+{cfg.rollout.cpu_nice}")
+        log(f"[bench] placement: learner rank(s) on cores {ranks}, actor engines on any core")
     if 0 not in args.ks:
         log("[bench] warning: K=0 is not in --ks, so no ratio, bound or accuracy delta can be computed")
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -143,12 +143,6 @@ class RolloutConfig(Section):
                                "step-by-step maths needs 1000s")
     prompts_in_flight: int = Field(8, ge=1, description="prompts each actor generates concurrently")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per actor (Ray resources)")
-    cpu_nice: int = Field(
-        10, ge=0, le=19, description="one CPU machine only: how much lower the actors' CPU priority is than the "
-                                     "learner's (a nice increment, 0-19). The actors may run on every core, the "
-                                     "learner's included: they take the CPU time the learner leaves idle and yield "
-                                     "it when the learner computes. 0 = equal priority; ignored on GPUs, on a joined "
-                                     "cluster and with --serial")
     gpus_per_actor: AutoCount = Field(
         "auto", description="GPUs per actor (Ray resources): auto = rollout.engine.tensor_parallel_size when the "
                             "cluster has GPUs, 0 without; 0 on a cluster with GPUs is refused (every engine would "

@@ -14,7 +14,7 @@ import os
 
 from actors.actor import RolloutActor
 from launch.cluster import joins_cluster
-from launch.roles import lower_priority, node_host, to_log_file, where
+from launch.roles import node_host, to_log_file, where
 
 
 def actor_env(cfg) -> dict[str, str]:
@@ -33,13 +33,10 @@ class ActorRole(RolloutActor):
     """One rollout actor (`actors.actor.RolloutActor`), its output in its log file (`launch.roles.to_log_file`)."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts,
-                 initial_version: int = 0, skip: list | None = None, secrets=None, nice: int = 0):
+                 initial_version: int = 0, skip: list | None = None, secrets=None):
         """skip: (epoch, prompt) pairs never to generate (trained, discarded or held by the buffer:
-        `launch.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`);
-        nice: how much lower this process's CPU priority is than the learner's (`rollout.cpu_nice`, one
-        CPU machine only)."""
+        `launch.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
         to_log_file()
-        lower_priority(nice)
         if joins_cluster(cfg):  # the engine's own processes talk over this node's address
             os.environ.setdefault("VLLM_HOST_IP", node_host(cluster=True))
         super().__init__(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,

@@ -53,20 +53,19 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
         keeper = BufferKeeper(cfg, run_dir, advertise_host=graph.node_ip() if cluster else None, secrets=secrets)
         graph.buffer_address = keeper.start()
         progress.message(f"[graph] buffer at {graph.buffer_address} (CURVE: only this run's key pair is served)")
-        # one CPU machine: learner ranks on their own cores, actors on every core below the learner's priority
-        # (--serial: the learner is this process, whose threads also run the actors' loops: neither applies)
+        # one CPU machine: learner ranks on cores of their own; the actors on any core (`launch.placement`)
+        # (--serial: the learner is this process, whose threads also run the actors' loops: not pinned)
         one_cpu_machine = (not cluster and not cfg.serial and cfg.rollout.gpus_per_actor == 0
                            and cfg.learner.gpus_per_rank == 0)
         rank_cores = (plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank) if one_cpu_machine
                       else [None] * cfg.learner.world_size)
-        nice = cfg.rollout.cpu_nice if one_cpu_machine else 0
         if not cfg.resume:  # the engines start while the learner does (a resume first learns what to skip)
-            graph.start_actors(skip=[], version=0, nice=nice)
+            graph.start_actors(skip=[], version=0)
         graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
         driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public(),
                         keeper=keeper)
         if cfg.resume:
-            graph.start_actors(skip=driver.restore(Path(cfg.resume)), version=driver.version, nice=nice)
+            graph.start_actors(skip=driver.restore(Path(cfg.resume)), version=driver.version)
         graph.await_actors()
         graph.connect_weight_sync()
         driver.write_processes()

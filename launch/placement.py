@@ -3,9 +3,9 @@
 `Placement` reserves one Ray bundle per role before any role starts (see its docstring and
 `launch.resources` for the bundle sizes and the strategies). `plan_rank_cores` pins on a single CPU
 machine only: learner ranks take whole cores from the top of the machine (ceil(cpus_per_rank) each).
-The actors are not pinned there: they may run on every core at a lower CPU priority
-(`rollout.cpu_nice`, `launch.roles.lower_priority`), so a core the learner leaves idle generates. With
-GPUs, or on a joined Ray cluster (roles land on other nodes), nothing is pinned.
+The actors are not pinned: their engines run on any core, so a core the learner leaves idle while it
+waits for a batch generates (bench/RESULTS.md, "CPU sharing on one machine"). With GPUs, or on a
+joined Ray cluster (roles land on other nodes), nothing is pinned.
 """
 
 from __future__ import annotations

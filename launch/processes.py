@@ -62,7 +62,6 @@ class ProcessGraph:
         self.serial = cfg.serial
         self.ranks: list = []
         self.actors: list = []
-        self.actor_nice = 0
         self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
         self.restarts = 0
         self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
@@ -204,15 +203,13 @@ class ProcessGraph:
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
                           env=env, bundle=i, role=f"actor-{i}")
         return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, version,
-                    [list(k) for k in skip], self.secrets, self.actor_nice)
+                    [list(k) for k in skip], self.secrets)
 
-    def start_actors(self, skip: list[Key], version: int = 0, nice: int = 0) -> None:
+    def start_actors(self, skip: list[Key], version: int = 0) -> None:
         """Create the actors and start their engines, without waiting (`await_actors` does): the learner
-        ranks can start meanwhile. nice: the actors' CPU priority below the learner's (`ActorRole`;
-        restarted actors get it too)."""
+        ranks can start meanwhile."""
         if algos.get(self.cfg.algo).trains_on_demonstrations_only:
             return
-        self.actor_nice = nice
         # the training prompts: put in Ray's object store once, not pickled into every actor's arguments
         self._train = self.data.train if self.serial else self._ray.put(self.data.train)
         self._actors_since = time.monotonic()

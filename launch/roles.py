@@ -5,8 +5,8 @@ pid and host (`where`) and its log file (`to_log_file`).
 Roles are plain classes (Ray-free, so `--serial` uses them directly); `launch.processes` wraps them
 with `ray.remote` and the resources of the config. CPU placement on one CPU machine: each learner rank
 is pinned to the cores `launch.placement` chose for it (`pin_to_cores`: sched_setaffinity + torch
-threads); the actors run on every core at a lower priority (`lower_priority`), so they generate on
-whatever the learner leaves idle and yield to it when it computes.
+threads); the actors are not pinned (their engines run on any core), so a core the learner leaves
+idle while it waits for a batch generates.
 
 Addresses: the services of a learner rank (rank 0's process-group store, the weight-sync sender) are
 chosen in the rank's own process, on its own node (`node_host`), and advertised from there.
@@ -14,7 +14,6 @@ chosen in the rank's own process, on its own node (`node_host`), and advertised 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -90,17 +89,6 @@ def pin_to_cores(cores: list[int] | None) -> None:
 
     os.sched_setaffinity(0, set(cores))
     torch.set_num_threads(len(cores))
-
-
-def lower_priority(increment: int) -> None:
-    """Lower the CPU priority of every thread of this process by `increment` nice levels (at most to 19).
-    Linux nice is per thread, and a thread starts with its creator's: called before the engine starts,
-    every thread the process makes later (the engine's, torch's) inherits it."""
-    if increment <= 0:
-        return
-    for tid in map(int, os.listdir("/proc/self/task")):
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
 
 
 class LearnerRank:

@@ -25,7 +25,7 @@ def test_ray_sees_every_method_the_graph_calls_with_the_graph_s_arguments():
     for name, args in GRAPH_CALLS.items():
         assert name in methods, name
         inspect.signature(getattr(ActorRole, name)).bind(None, *args)
-    inspect.signature(ActorRole).bind(resolve("grpo"), 0, "/model", "tcp://127.0.0.1:1", [], 3, [[0, 1]], None, 10)
+    inspect.signature(ActorRole).bind(resolve("grpo"), 0, "/model", "tcp://127.0.0.1:1", [], 3, [[0, 1]], None)
 
 
 def test_the_actor_env_sizes_the_kv_cache_and_keeps_the_user_s_log_level(monkeypatch):
