@@ -4,7 +4,7 @@ so every pair runs A then B back to back, and the ratio is taken within the pair
 pairs' ratios is the result. Also reported per run: where the learner's time went (waiting for a batch
 against training, `time/generate_wait_s` and `time/train_s`) and the held-out accuracy at the end.
 
-    .venv/bin/python bench/ab.py --a rollout.cpu_nice=0 --b rollout.cpu_nice=10 --steps 150 --pairs 2
+    .venv/bin/python bench/ab.py --a rollout.prompts_in_flight=8 --b rollout.prompts_in_flight=16 --steps 150 --pairs 2
 
 One JSON line per run on stdout; progress and the table on stderr; the table and the command are also appended to
 `--table` (default bench/ab_results.md). The pure part (`summarise`) is tested in tests/bench/test_ab.py.
