@@ -13,7 +13,8 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
                                              runs (recompute); ~0.1 MB per token for Qwen2.5-7B
     log-prob head      4 × C × V × 4         fp32 logits of one chunk (C tokens × vocabulary), 4 buffers live
     reference model    P × d / world + R × d with loss.kl_coef > 0
-    PURE's HF PRM      P_prm × d             a whole copy per rank (pure.prm=hf)
+    PURE's HF PRM      P_prm × d             a whole copy per rank (pure.prm=hf; any HF directory an
+                                             algorithm names in `AlgoSpec.files` counts so)
   rank 0 only, on the GPU:
     send buffers       2 × max(bucket, largest tensor)   vLLM's packed producer buffers
   rank 0 only, in pinned host memory (`weightsync.staging`: nothing of a push stays on the GPU):
@@ -28,6 +29,7 @@ host memory) plus 15.2 GB of pinned host memory (tests/launch/test_memory_estima
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from configs.schema import RunConfig
@@ -109,11 +111,18 @@ def start_lines(cfg: RunConfig) -> list[str]:
         shape = ModelShape.read(cfg.model.path)
     except (OSError, KeyError, TypeError, ValueError):
         return lines
-    prm = 0
-    options = getattr(cfg, cfg.algo, None)  # an algorithm scoring steps with an HF PRM names it in prm_path
-    if getattr(options, "prm", None) == "hf" and getattr(options, "prm_path", None):
-        try:
-            prm = ModelShape.read(options.prm_path).parameters()
-        except (OSError, KeyError, TypeError, ValueError):
-            prm = 0
-    return lines + [estimate_line(cfg, shape, prm)]
+    return lines + [estimate_line(cfg, shape, aux_parameters(cfg))]
+
+
+def aux_parameters(cfg: RunConfig) -> int:
+    """Parameters of the HF model directories the algorithm names (`AlgoSpec.files` of kind "hf_dir", e.g.
+    PURE's PRM with pure.prm=hf), each loaded whole on every rank; one whose config.json is unreadable counts 0."""
+    import algos
+
+    total = 0
+    for key, kind in algos.get(cfg.algo).files(cfg):
+        if kind == "hf_dir":
+            section, _, name = key.rpartition(".")
+            with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+                total += ModelShape.read(getattr(getattr(cfg, section), name)).parameters()
+    return total

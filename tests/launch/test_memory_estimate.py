@@ -6,7 +6,7 @@ import json
 import pytest
 
 from configs.loading import resolve
-from launch.memory_estimate import learner_memory, start_lines
+from launch.memory_estimate import aux_parameters, learner_memory, start_lines
 from launch.model_shape import ModelShape
 from launch.resources import Node, resolve_auto
 
@@ -53,3 +53,14 @@ def test_a_gpu_run_prints_its_estimate_and_a_cpu_run_nothing(tmp_path):
                                                      "rollout.engine.gpu_memory_utilization=0.4"]),
                           [Node("g", 96, 8, 1000)])
     assert start_lines(shared)[0].startswith("[run] weight sync over gloo")  # A2's note; built-in model: no estimate
+
+
+def test_the_hf_directories_an_algorithm_loads_count_whole_on_every_rank(tmp_path):
+    (tmp_path / "prm").mkdir()
+    (tmp_path / "prm" / "config.json").write_text(json.dumps(QWEN_7B))
+    p = 2 * 152064 * 3584 + 28 * 233_053_184 + 3584  # the 7B of the appendix test
+    pure = resolve("pure", overrides=["pure.prm=hf", f"pure.prm_path={tmp_path / 'prm'}"])
+    assert aux_parameters(pure) == p  # PURE's HF PRM (AlgoSpec.files: pure.prm_path, hf_dir)
+    assert aux_parameters(resolve("grpo")) == 0  # names no HF directory
+    (tmp_path / "prm" / "config.json").write_text("{")
+    assert aux_parameters(pure) == 0  # unreadable: no estimate for it, no error before start
