@@ -141,26 +141,46 @@ class Recovery:
         from the top skipping every prompt the ledger and the buffer account for (trained, discarded or
         held: `launch.ledger`), so what it had in flight or undelivered is generated again; rebuild the
         weight-sync group, push the current weights to every actor, and only then let the successors
-        generate."""
+        generate. An actor that dies meanwhile (the group or the push fails on it) is replaced the same
+        way before anyone generates."""
         t0, version = time.monotonic(), self.position.version
-        was = {i: self.graph.actor_named(i) for i in dead}  # pid, host and log of the dead process
-        self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
-        for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
-            with BufferClient(self.address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
-                ghost.release_credit(2**20)
-        skip = self.position.ledger.accepted(self.held_prompts())
-        for i in dead:
-            self.reports.pop(i, None)
-        self.graph.replace_actors(list(dead), skip, version)
-        self.graph.connect_weight_sync()
-        self.graph.push_weights(version)
-        self.graph.start_rollouts(list(dead))
-        for i, why in dead.items():
-            self.progress.message(f"[actor] {was[i]} died ({why}); restarted as pid "
+        deaths, replaced = [], []  # (actor, its dead process, why, prompts its successor skips); actor ids
+        while dead:
+            was = {i: self.graph.actor_named(i) for i in dead}  # pid, host and log of the dead process
+            self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
+            for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
+                with BufferClient(self.address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
+                    ghost.release_credit(2**20)
+            skip = self.position.ledger.accepted(self.held_prompts())
+            for i, why in dead.items():
+                self.reports.pop(i, None)
+                deaths.append((i, was[i], why, len(skip)))
+            replaced += [i for i in dead if i not in replaced]
+            self.graph.replace_actors(list(dead), skip, version)
+            dead = self._resync(version)
+        self.graph.start_rollouts(replaced)
+        for i, was_i, why, skipped in deaths:
+            self.progress.message(f"[actor] {was_i} died ({why}); restarted as pid "
                                   f"{self.graph.pids[i]} and re-synced to version {version} in "
-                                  f"{time.monotonic() - t0:.0f}s; its shard resumes past the {len(skip)} prompts "
+                                  f"{time.monotonic() - t0:.0f}s; its shard resumes past the {skipped} prompts "
                                   "trained, discarded or buffered")
         self.write_processes()
+
+    def _resync(self, version: int) -> dict[int, str]:
+        """Rebuild the weight-sync group and push `version` to every actor; {} when that worked, else
+        {actor: why} of the actors found dead by then (another actor died during a restart: the caller
+        replaces it too). A failure no dead actor explains is raised."""
+        try:
+            self.graph.connect_weight_sync()
+            self.graph.push_weights(version)
+            return {}
+        except Exception as e:
+            stats, dead = self.graph.actor_stats()
+            dead = push_suspects(e, len(self.graph.actors)) | dead
+            if not dead:
+                raise
+            self.reports.update(stats)
+            return dead
 
     def settle_push(self) -> dict | None:
         """Wait for the weight push in flight (it travels while the learner pulls and trains the next

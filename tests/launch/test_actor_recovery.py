@@ -205,3 +205,38 @@ def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
 
 def _raise(err):
     raise err
+
+
+def test_an_actor_that_dies_while_another_is_restarted_is_restarted_too(buffer, tmp_path):
+    """Actor 0 died; while its successor joins the weight-sync group, actor 1 dies too (the group fails
+    on it: Ray's ActorDiedError). Both are replaced, the group rebuilt and the weights pushed once more,
+    and only then do both successors generate; one line per death (was: the error ended the run)."""
+    graph, said = StandInGraph(buffer), []
+    connects = []
+
+    def connect_weight_sync():
+        connects.append(len(connects))
+        graph.calls.append(("connect",))
+        if len(connects) == 1:
+            graph.dead = {1: "process gone: ActorDiedError"}
+            raise RuntimeError("ray.exceptions.ActorDiedError: The actor died unexpectedly (actor 1)")
+
+    graph.connect_weight_sync = connect_weight_sync
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=said.append))
+    try:
+        driver.position.ledger.record(0, [(0, 2)])
+        driver.position.step = 1
+        graph.dead = {0: "process gone: ActorDiedError"}
+        assert driver.recovery.check_actors() == {0: "process gone: ActorDiedError"}
+        assert [c[:2] for c in graph.calls] == [("kill", [0]), ("restart", [0]), ("connect",), ("kill", [1]),
+                                                ("restart", [1]), ("connect",), ("push", 1), ("rollouts", [0, 1])]
+        assert [c[2] for c in graph.calls if c[0] == "restart"] == [[(0, 2)], [(0, 2)]]
+        lines = [m for m in said if m.startswith("[actor]")]
+        assert [m.split(" died ")[0] for m in lines] == ["[actor] actor 0 (pid 100 on here; log logs/actor-0.log)",
+                                                        "[actor] actor 1 (pid 101 on here; log logs/actor-1.log)"]
+        assert "restarted as pid 110" in lines[0] and "restarted as pid 111" in lines[1]
+        roles = json.loads((tmp_path / "processes.json").read_text())
+        assert (roles["actor/0"]["pid"], roles["actor/1"]["pid"]) == (110, 111)
+    finally:
+        driver.client.close()
