@@ -43,6 +43,11 @@ class LocalRole:
         return SimpleNamespace(remote=getattr(self._obj, name))
 
 
+class RoleLost(RuntimeError):
+    """A role the run cannot do without died and could not be replaced (the buffer's restart failed). The
+    message is one line naming the process, why, and its log; the launcher adds how to go on."""
+
+
 class LearnerDied(RuntimeError):
     """A learner rank's process is gone: the run cannot go on without it. The message is one line
     naming the rank, its process, its host and its log; the launcher adds what the run does next

@@ -21,6 +21,7 @@ from buffer.client import BufferClient, BufferUnavailable
 from buffer.records import Key
 from launch.buffer_keeper import BufferKeeper, lost_prompts
 from launch.position import RunPosition
+from launch.processes import RoleLost
 from launch.roles import named, where
 
 HEALTH_EVERY_S = 5.0  # how often a training driver checks actor health (one parallel call to all of them)
@@ -98,7 +99,12 @@ class Recovery:
         t0 = time.monotonic()
         was = named("the buffer process", self.keeper.pid, where()["host"], self.keeper.log_path)  # the driver's host
         ledger = self.position.ledger
-        info = self.keeper.restart(ledger.trained)
+        try:
+            info = self.keeper.restart(ledger.trained)
+        except Exception as e:  # noqa: BLE001 - whatever stopped the new process, the run cannot go on
+            cause = (str(e).strip().splitlines() or [""])[0][:200]
+            raise RoleLost(f"[buffer] {was} died ({why}); starting a new one failed ({type(e).__name__}: {cause})"
+                           "; the run stopped") from e
         self.client.close()
         self.client = self._connect()
         if info["snapshot"] is None:

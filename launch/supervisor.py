@@ -88,7 +88,7 @@ def _kill_session(sid: int) -> None:
 def _child(spec: str, run_dir: str) -> int:
     from launch.console import divert_ray_output
     from launch.graph import run_graph
-    from launch.processes import LearnerDied
+    from launch.processes import LearnerDied, RoleLost
     from launch.progress import Progress
     from launch.resources import ResourceError
     from launch.storage import StorageError
@@ -102,6 +102,10 @@ def _child(spec: str, run_dir: str) -> int:
     except (ResourceError, StorageError) as e:  # found once Ray is up (placement, shared storage): no traceback
         print(f"algo-train: {e}", file=sys.stderr)
         return 2
+    except RoleLost as e:  # one line of ours; the launcher adds how to go on (`launch.train.after_run`)
+        progress.close()
+        print(str(e), file=sys.stderr)
+        return 1
     except LearnerDied as e:  # the launcher says it, with what the run does next
         progress.close()
         death_note(Path(run_dir)).write_text(f"{e}\n")

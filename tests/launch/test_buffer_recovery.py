@@ -11,7 +11,10 @@ import re
 import signal
 import socket
 import time
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from buffer.client import BufferClient
 from configs.schema import RunConfig
@@ -119,3 +122,25 @@ def test_a_connection_lost_before_the_killed_buffer_can_be_reaped_still_restarts
 
     recovery.restart_dead_buffer = restart_dead_buffer
     assert recovery.call_on_live_buffer(pull) == "pulled" and restarted == ["old"]
+
+
+def test_a_buffer_that_cannot_be_restarted_stops_the_run_with_one_line():
+    from launch.processes import RoleLost
+    from launch.recovery import Recovery
+
+    class Keeper:  # dead, and its successor fails to start (e.g. another process took its port meanwhile)
+        pid, log_path = 4242, Path("run/logs/buffer.log")
+
+        def death(self):
+            return "exit code -9"
+
+        def restart(self, trained):
+            raise RuntimeError("the restarted buffer serves at tcp://127.0.0.1:2, not at tcp://127.0.0.1:1\nmore")
+
+    recovery = object.__new__(Recovery)
+    recovery.keeper, recovery.position = Keeper(), SimpleNamespace(ledger=SimpleNamespace(trained=[]))
+    with pytest.raises(RoleLost) as e:
+        recovery.restart_dead_buffer()
+    assert str(e.value) == (f"[buffer] the buffer process (pid 4242 on {socket.gethostname()}; log run/logs/buffer.log) "
+                            "died (exit code -9); starting a new one failed (RuntimeError: the restarted buffer serves "
+                            "at tcp://127.0.0.1:2, not at tcp://127.0.0.1:1); the run stopped")

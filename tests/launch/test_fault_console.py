@@ -145,3 +145,22 @@ if __name__ == "__main__":  # the run's process (`launch.supervisor._child`) wit
 
     sys.modules["launch.graph"] = types.SimpleNamespace(run_graph=learner_side)
     sys.exit(_child(sys.argv[1], sys.argv[2]))
+
+
+def test_a_role_the_run_could_not_replace_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    import launch.graph
+    from launch.processes import RoleLost
+    from launch.supervisor import _child
+
+    def lost(cfg, run_dir, progress):
+        raise RoleLost("[buffer] the buffer process (pid 1 on vm; log x) died (exit code -9); starting a new one "
+                       "failed (RuntimeError: port taken); the run stopped")
+
+    monkeypatch.setattr(launch.graph, "run_graph", lost)
+    spec = tmp_path / "spec.json"
+    spec.write_text(resolve("grpo", flags={"logging.progress": "plain", "logging.verbose": True}).model_dump_json())
+    assert _child(str(spec), str(tmp_path)) == 1
+    out = capsys.readouterr()
+    assert out.err.strip().splitlines() == ["[buffer] the buffer process (pid 1 on vm; log x) died (exit code -9); "
+                                            "starting a new one failed (RuntimeError: port taken); the run stopped"]
+    assert after_run(1, tmp_path).startswith("[stop] the run failed (exit status 1)")  # and how to go on
