@@ -33,8 +33,18 @@ def _install_signals(service) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _to_file(path: str) -> None:
+    """This process's stdout and stderr (descriptors 1 and 2, so whatever writes there) append to `path`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _child_main(settings_json: str, conn, parent_pid: int, log_level: str, secrets: RunSecrets | None,
-                restore: tuple[str, list] | None = None) -> None:
+                restore: tuple[str, list] | None = None, log_path: str | None = None) -> None:
+    if log_path is not None:
+        _to_file(log_path)
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from buffer.service import BufferService
     from buffer.snapshot import restore_snapshot
@@ -57,7 +67,7 @@ def _child_main(settings_json: str, conn, parent_pid: int, log_level: str, secre
 def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertise_host: str | None = None,
                          secrets: RunSecrets | None = None, startup_timeout_s: float = 60.0,
                          log_level: str = "WARNING", restore: tuple[str, list] | None = None,
-                         **overrides) -> tuple[mp.Process, str]:
+                         log_path: str | None = None, **overrides) -> tuple[mp.Process, str]:
     """Spawn the buffer service -> (process, the address clients must use). Stop it with `process.terminate()`.
 
     cfg: a RunConfig, a BufferConfig (then pass batch_prompts), a dict, a BufferSettings or None;
@@ -68,7 +78,9 @@ def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertis
     admit only the run's client key. None = plain (tests).
     restore: (snapshot path, [(epoch, prompt_index), ...] not to restore): the new service loads the
     snapshot before it serves anyone (`buffer.snapshot.restore_snapshot`); what it restored is
-    `process.restored` ({version, groups, excluded, demos})."""
+    `process.restored` ({version, groups, excluded, demos}).
+    log_path: the file the service's output (its log, warnings, a crash's traceback) is appended to; None =
+    this process's stdout/stderr."""
     if advertise_host is not None:
         overrides["advertise_host"] = advertise_host
     settings = BufferSettings.from_config(cfg, batch_prompts, **overrides)
@@ -78,7 +90,7 @@ def start_buffer_process(cfg=None, batch_prompts: int | None = None, *, advertis
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_main, args=(settings.to_json(), send, os.getpid(), log_level,
-                                                 secrets.for_server() if secrets else None, restore),
+                                                 secrets.for_server() if secrets else None, restore, log_path),
                        name="buffer-service", daemon=True)
     proc.start()
     send.close()

@@ -20,7 +20,8 @@ never as lost. A group the dead buffer dropped (stale, filtered) is also in `los
 generated once more, which costs a rollout but can neither lose a prompt nor train one twice.
 
 The process writes its output (warnings of the service, e.g. a reply to an actor that died) to
-run_dir/logs/buffer.log, not to the terminal (`output_to`; logging.verbose keeps the terminal).
+run_dir/logs/buffer.log, not to the terminal (`start_buffer_process(log_path=...)`; logging.verbose keeps the
+terminal).
 
 Counters the run writes stay monotonic across restarts (`monotonic`): a restored buffer goes on from its
 snapshot's counts (and its handshake counters from 0), so the keeper carries, per counter, what each
@@ -30,11 +31,8 @@ Events of the dead buffer after the driver last read its stats are not counted.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 from buffer.records import Key
@@ -50,32 +48,6 @@ def lost_prompts(delivered: Iterable, settled: Iterable, held: Iterable) -> list
             seen.add(k)
             out.append((int(k[0]), int(k[1])))
     return out
-
-
-@contextmanager
-def output_to(path: Path | None) -> Iterator[None]:
-    """This process's stdout and stderr (file descriptors 1 and 2) go to `path` (appended) inside the
-    block, so that a child spawned there writes its output to that file: the buffer's is spawned by
-    `multiprocessing`, which gives a child the parent's descriptors and no say over them. No-op for None."""
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for target, old in zip((1, 2), saved):
-            os.dup2(old, target)
-            os.close(old)
-        os.close(fd)
 
 
 class BufferKeeper:
@@ -101,9 +73,11 @@ class BufferKeeper:
         from buffer.process import start_buffer_process
 
         port = {} if self.address is None else {"port": int(self.address.rsplit(":", 1)[1])}
-        with output_to(self.log_path):
-            self.proc, address = start_buffer_process(self.cfg, advertise_host=self.advertise_host,
-                                                      secrets=self.secrets, restore=restore, **port)
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc, address = start_buffer_process(self.cfg, advertise_host=self.advertise_host, secrets=self.secrets,
+                                                  restore=restore, log_path=self.log_path and str(self.log_path),
+                                                  **port)
         if self.address is not None and address != self.address:
             raise RuntimeError(f"the restarted buffer serves at {address}, not at {self.address}")
         self.address = address

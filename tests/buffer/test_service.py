@@ -143,7 +143,7 @@ def test_snapshot_restore_across_processes(start_buffer, tmp_path):
         assert e.value.reason == "bad_snapshot"
 
 
-def test_errors_are_structured_replies_and_a_dead_buffer_is_reported(start_buffer):
+def test_errors_are_structured_replies_and_a_dead_buffer_is_reported(start_buffer, tmp_path):
     addr = start_buffer(capacity_groups=4)
     c = BufferClient(addr, "learner", timeout_s=1.0)
     c.set_version(2)
@@ -164,13 +164,15 @@ def test_errors_are_structured_replies_and_a_dead_buffer_is_reported(start_buffe
         c.stats()
     assert 0.9 < time.monotonic() - t < 5
     port = int(addr.rsplit(":", 1)[1])  # a buffer restarted at the same address is picked up transparently
-    proc2, addr2 = start_buffer_process(None, port=port)
+    log = tmp_path / "buffer.log"  # and its output goes where it is told (a run's logs/buffer.log)
+    proc2, addr2 = start_buffer_process(None, port=port, log_path=str(log), log_level="INFO")
     try:
         assert addr2 == addr and c.stats()["version"] == 0
     finally:
         proc2.terminate()
         proc2.join(10)
         c.close()
+    assert f"buffer listening on {addr}" in log.read_text()
 
 
 def test_command_line_entry_point(tmp_path):
