@@ -36,6 +36,7 @@ def write_snapshot(core: BufferCore, path: str) -> int:
         "schema": SCHEMA_VERSION, "type": "snapshot", "version": core.version,
         "groups": [[C.buffer_of(f) for f in g.frames] for g in core.queue],
         "bounds": [g.bound for g in core.queue],
+        "max_staleness": core.max_staleness,  # a bound raised mid-run (max_staleness: auto) outlives a restart
         "demos": {**fields, "tokens": C.buffer_of(frames[0])},
         "counts": [[k, v] for k, v in core.counts.items()],
         "lag_hist": [[k, v] for k, v in core.lag_hist.items()],
@@ -104,6 +105,7 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
         raise WireError(C.BAD_VALUE, f"snapshot {path}: need one staleness bound ≥ 0 per stored group")
     for g, b in zip(groups, bounds):
         g.bound = b
+    bound = C.get_int(h, "max_staleness", "snapshot", 0, 1 << 30) if "max_staleness" in h else core.max_staleness
     dh = C.get_map(h, "demos", "snapshot")
     tokens = C.need(dh, "tokens", "snapshot.demos")
     if not isinstance(tokens, bytes):
@@ -123,6 +125,7 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
     kept = deque(g for g in groups if g.key not in drop)
     # Everything validated: swap it in.
     core.version = version
+    core.max_staleness = max(core.max_staleness, bound)  # never lowered (`BufferCore.set_version`)
     core.served_at_version = 0
     core.queue = kept
     core.demos, core.demo_tokens = {}, 0
@@ -134,4 +137,4 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
         core.seen.setdefault(gid, True)
     core.ledger.clear()
     return {"version": version, "groups": len(kept), "excluded": len(groups) - len(kept), "demos": len(demos),
-            "counts": dict(counts)}  # the counters the restored buffer goes on from (launch.buffer_keeper)
+            "counts": dict(counts), "max_staleness": core.max_staleness}  # the counters the restored buffer goes on from (launch.buffer_keeper)

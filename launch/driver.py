@@ -112,7 +112,10 @@ class Driver:
     def restore(self, resume_dir: Path) -> list[Key]:
         """Resume from the latest checkpoint of `resume_dir`; the prompts the actors must skip
         (`launch.run_checkpoints`)."""
-        return self.checkpoints.restore(resume_dir)
+        skip = self.checkpoints.restore(resume_dir)
+        if self.auto is not None:  # the bound chosen before the stop, as the restored buffer holds it
+            self.auto.resume(self.recovery.client.stats()["max_staleness"])
+        return skip
 
     # ------------------------------------------------------------------ the steps of the loop
     def _pull(self) -> tuple[list, float]:

@@ -73,6 +73,11 @@ class AutoStaleness:
         self.settle, self.window, self.first = SETTLE_STEPS, [], 0
         self.decided = False
 
+    def resume(self, k: int) -> None:
+        """Go on from the bound a resumed run's buffer restored (the K chosen before the stop), not from the
+        configured start; the first window after it says the bound again."""
+        self.k = max(self.k, k)
+
     def restart(self) -> None:
         """Leave the next SETTLE_STEPS steps out (an evaluation let the actors fill the pipeline)."""
         self.settle, self.window = SETTLE_STEPS, []

@@ -125,7 +125,7 @@ def test_snapshot_restore_across_processes(start_buffer, tmp_path):
     groups = [make_group(f"g{i}", seed=i, version=3) for i in range(3)]
     with BatchingClient(a, "learner", timeout_s=10) as c:
         c.add_demos({1: np.arange(5)})
-        c.set_version(3)
+        c.set_version(3, max_staleness=5)  # raised mid-run (max_staleness: auto)
         c.push_groups(groups)
         c.pull_batch(1, 5)
         c.snapshot(str(tmp_path / "buf.msgpack"))
@@ -134,6 +134,7 @@ def test_snapshot_restore_across_processes(start_buffer, tmp_path):
         c.restore(str(tmp_path / "buf.msgpack"))
         s = c.stats()
         assert (s["version"], s["occupancy_groups"], s["groups_in"], s["groups_out"]) == (3, 2, 3, 1)
+        assert s["max_staleness"] == 5  # the raised bound came back, not the new process's configured one
         assert c.push_group(groups[1]).reason == "duplicate"
         for x, y in zip(groups[1:], c.pull_batch(2, 5)):
             assert_same_group(x, y)

@@ -74,3 +74,15 @@ def test_an_evaluation_restarts_the_window():
     feed(auto, range(1, SETTLE_STEPS + WINDOW_STEPS), lambda k: 0.3, 0.5)  # one step short of a window
     auto.restart()
     assert feed(auto, range(10, 10 + SETTLE_STEPS + WINDOW_STEPS - 1), lambda k: 0.3, 0.5) == [] and auto.k == 1
+
+
+def test_a_resumed_run_goes_on_from_the_bound_its_buffer_restored_and_says_it_again():
+    auto = AutoStaleness(1, 4)
+    auto.resume(3)  # the restored buffer's max_staleness: K=3 was chosen before the stop
+    assert auto.k == 3
+    auto.resume(1)  # never lowered (a buffer from an older snapshot reports the configured start)
+    assert auto.k == 3
+    for step in range(1, 4):  # the settle steps
+        assert auto.observe(step, 0.0, 1.0) is None
+    lines = [auto.observe(step, 0.0, 1.0) for step in range(4, 9)]  # a window without waiting
+    assert lines[-1] == "[staleness] auto: K=3 (learner waited 0.00 s/step at K=3 over steps 4-8, busy 1.00 s/step; ceiling 4)"
