@@ -311,7 +311,7 @@ def _peer_options(cfg: RunConfig, node: dict | None, log: Path) -> dict:
         gpus = cfg.rollout.gpus_per_actor
         opts = {"num_cpus": 0, "num_gpus": float(gpus) if gpus not in ("auto", None) else 0,
                 "scheduling_strategy": NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)}
-        env.update(actor_env(cfg, None))
+        env.update(actor_env(cfg))
         custom = cfg.rollout.custom_resources
     opts["runtime_env"] = {"env_vars": env}
     if custom:
