@@ -93,7 +93,8 @@ class RunCheckpoints:
         staged = ckpts.stage(final)
         self.graph.save(staged, {"step": step, "ledger": self.position.ledger.state_dict(), "buffer_snapshot": SNAPSHOT})
         began = time.time()
-        self.recovery.client.snapshot(str((staged / SNAPSHOT).resolve()))
+        # through the live buffer: one that died meanwhile is restarted first (`Recovery.call_on_live_buffer`)
+        self.recovery.call_on_live_buffer(lambda c: c.snapshot(str((staged / SNAPSHOT).resolve())))
         ckpt = ckpts.commit(staged, final)
         if self.keeper is not None:
             self.keeper.taken(ckpt / SNAPSHOT, began)

@@ -50,7 +50,7 @@ def test_a_disk_filling_during_a_checkpoint_leaves_the_previous_one_loadable(sma
     learner, position = Learner(), RunPosition()
     client = SimpleNamespace(snapshot=lambda path: Path(path).write_bytes(b"snapshot"))
     said: list[str] = []
-    ckpts = RunCheckpoints(run, learner, SimpleNamespace(client=client), position,
+    ckpts = RunCheckpoints(run, learner, SimpleNamespace(client=client, call_on_live_buffer=lambda call: call(client)), position,
                            SimpleNamespace(message=said.append), keep=3)
     position.step = 4
     first = ckpts.save()

@@ -154,7 +154,8 @@ class _Buffer:
 
 def _checkpoints(run_dir: Path, learner: Learner, keep: int) -> RunCheckpoints:
     """The driver's checkpoints only: no buffer service, no actors."""
-    buffer = SimpleNamespace(client=_Buffer(), held_prompts=lambda: [])
+    client = _Buffer()
+    buffer = SimpleNamespace(client=client, held_prompts=lambda: [], call_on_live_buffer=lambda call: call(client))
     return RunCheckpoints(run_dir, _Graph(learner), buffer, RunPosition(), SimpleNamespace(message=lambda text: None),
                           keep=keep)
 
