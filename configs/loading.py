@@ -113,6 +113,14 @@ def apply_flags(data: dict[str, Any], flags: dict[str, Any] | None, overrides: l
     return data
 
 
+def value_of(cfg: RunConfig, key: str):
+    """The value of a dotted key ("pure.prm_path") in a resolved config."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def field_of(key: str):
     """The pydantic field of a dotted key, or None when there is no such key."""
     model: type[BaseModel] | None = RunConfig

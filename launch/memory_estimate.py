@@ -118,11 +118,11 @@ def aux_parameters(cfg: RunConfig) -> int:
     """Parameters of the HF model directories the algorithm names (`AlgoSpec.files` of kind "hf_dir", e.g.
     PURE's PRM with pure.prm=hf), each loaded whole on every rank; one whose config.json is unreadable counts 0."""
     import algos
+    from configs.loading import value_of
 
     total = 0
     for key, kind in algos.get(cfg.algo).files(cfg):
         if kind == "hf_dir":
-            section, _, name = key.rpartition(".")
             with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
-                total += ModelShape.read(getattr(getattr(cfg, section), name)).parameters()
+                total += ModelShape.read(value_of(cfg, key)).parameters()
     return total

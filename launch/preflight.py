@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 import algos
+from configs.loading import value_of
 from configs.schema import RunConfig
 from launch.data import load_prompt_records, match_demos, read_file
 from tasks.records import DataError
@@ -148,8 +149,7 @@ def check_demos(cfg: RunConfig, train: list, held_out: list = ()) -> None:
 def check_algorithm_file(cfg: RunConfig, key: str, kind: str) -> None:
     """One file or plugin an algorithm names (`AlgoSpec.files`): the dotted `key` holds an HF model
     directory (kind "hf_dir") or a module:function / file.py:function that must load ("function")."""
-    section, _, name = key.rpartition(".")
-    value = getattr(getattr(cfg, section), name)
+    value = value_of(cfg, key)
     if kind == "hf_dir":
         check_hf_dir(key, Path(value))
     elif kind == "function":

@@ -181,12 +181,17 @@ class Recovery:
             self.graph.push_weights(version)
             return {}
         except Exception as e:
-            stats, dead = self.graph.actor_stats()
-            dead = push_suspects(e, len(self.graph.actors)) | dead
-            if not dead:
-                raise
-            self.reports.update(stats)
-            return dead
+            return self._blame(e)
+
+    def _blame(self, error: Exception) -> dict[int, str]:
+        """{actor: why} of the actors a failed weight-sync call implicates: dead by the health check, or
+        named by the error (alive but stuck in the push = dead too); `error` is raised again when none is."""
+        stats, dead = self.graph.actor_stats()
+        dead = push_suspects(error, len(self.graph.actors)) | dead
+        if not dead:
+            raise error
+        self.reports.update(stats)
+        return dead
 
     def settle_push(self) -> dict | None:
         """Wait for the weight push in flight (it travels while the learner pulls and trains the next
@@ -200,12 +205,7 @@ class Recovery:
             self.unreported_push = stats or self.unreported_push
             return stats
         except Exception as e:
-            stats, dead = self.graph.actor_stats()
-            dead = push_suspects(e, len(self.graph.actors)) | dead  # alive but stuck in the push = dead too
-            if not dead:
-                raise
-            self.reports.update(stats)
-            self.restart_actors(dead)  # says it, one line per actor: the push's own error adds nothing
+            self.restart_actors(self._blame(e))  # says it, one line per actor: the push's own error adds nothing
             return None
 
     # ------------------------------------------------------------------ processes.json
