@@ -1,5 +1,5 @@
 """`algo-train doctor`'s checks as pure functions: each turns what it found into a row, and each can fail
-with the right fix. The end-to-end command (Ray, the weight path) is tested in test_doctor.py."""
+with the right fix. The end-to-end command (Ray, the weight path) is tested in tests/e2e/test_doctor_e2e.py."""
 
 from configs.loading import resolve
 from launch.doctor_checks import config_checks, facts_checks, kv_check, learner_estimate
