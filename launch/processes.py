@@ -68,6 +68,9 @@ class ProcessGraph:
         self.ranks: list = []
         self.actors: list = []
         self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
+        self._train = None  # the training prompts as the actors get them (`start_actors`)
+        self._starting: list = []  # the actors' start calls in flight (`start_actors` -> `await_actors`)
+        self._actors_since = 0.0  # monotonic time `start_actors` began
         self.restarts = 0
         self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
         if not self.serial:
@@ -157,12 +160,12 @@ class ProcessGraph:
         try:
             return self._get(futures)
         except self._ray.exceptions.RayActorError as e:
-            raise LearnerDied(self._dead_ranks(e)) from None
+            raise LearnerDied(self._dead_ranks(e) or f"a learner rank died (process gone: {type(e).__name__})") from None
 
     def _dead_ranks(self, error: BaseException) -> str:
         """'learner rank 1 (pid 4242 on vm; log run/logs/learner-1.log) died (process gone: ActorDiedError)':
         the ranks that do not answer, as last seen by `where` (a SIGKILLed rank leaves no last words, so
-        the line names its log rather than quoting it)."""
+        the line names its log rather than quoting it); '' when every rank answers."""
         dead = []
         for r, h in enumerate(self.ranks):
             try:
@@ -171,7 +174,7 @@ class ProcessGraph:
                 was = self._where.get(f"learner/{r}", {})
                 dead.append(named(f"learner rank {r}", was.get("pid", "?"), was.get("host", "?"),
                                   self.log_ref(f"learner-{r}", h)))
-        return f"{' and '.join(dead) or 'a learner rank'} died (process gone: {type(error).__name__})"
+        return f"{' and '.join(dead)} died (process gone: {type(error).__name__})" if dead else ""
 
     def step(self, groups, version: int) -> dict:
         batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
@@ -235,7 +238,7 @@ class ProcessGraph:
         if not self.actors:
             return
         token = self._weight_sync_token
-        host, port = self._get(self.ranks[0].reset_sender.remote(len(self.actors), token))
+        host, port = self._on_ranks(self.ranks[0].reset_sender.remote(len(self.actors), token))
         if self.serial:  # the sender waits for every receiver: join them from their own loop threads
             import threading
 
@@ -247,8 +250,14 @@ class ProcessGraph:
             for t in threads:
                 t.join()
         else:
-            self._get([a.connect_weight_sync.remote(host, port, token) for a in self.actors]
-                      + [self.ranks[0].connect_sender.remote()])
+            try:
+                self._get([a.connect_weight_sync.remote(host, port, token) for a in self.actors]
+                          + [self.ranks[0].connect_sender.remote()])
+            except Exception as e:  # an actor's or the sender's failure (the actors time out if rank 0 died)
+                dead = self._dead_ranks(e)  # a dead rank stops the run as LearnerDied: --max-restarts resumes it
+                if dead:
+                    raise LearnerDied(dead) from None
+                raise
         self._get([a.follow_weight_updates.remote() for a in self.actors])
 
     def start_rollouts(self, which: list[int] | None = None) -> None:

@@ -30,6 +30,12 @@ class Rank:
     def close(self) -> None:
         raise RuntimeError("the process group is gone\n(more of the error)")
 
+    def reset_sender(self, receivers: int, token: str) -> tuple[str, int]:
+        return "127.0.0.1", 1
+
+    def connect_sender(self) -> None:
+        os._exit(1)  # dies while the actors join its group
+
 
 class Actor:
     def __init__(self, mode: str):
@@ -37,6 +43,10 @@ class Actor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def connect_weight_sync(self, host: str, port: int, token: str) -> None:
+        time.sleep(2)
+        raise TimeoutError("the weight-sync group did not form")  # what an actor says when the sender is gone
 
     def stats(self) -> dict:
         if self.mode == "stuck":
@@ -73,6 +83,18 @@ def test_a_dead_learner_rank_stops_the_run_with_one_line_naming_it(ray_local):
     graph._close(graph.ranks[1], "learner rank 1", timeout_s=10)  # shutting down: the dead rank is not said again
     graph._close(graph.ranks[0], "learner rank 0", timeout_s=10)
     assert said == ["[graph] closing learner rank 0 failed (RuntimeError: the process group is gone)"]
+
+
+def test_a_learner_rank_dying_while_the_actors_join_its_weight_sync_group_is_a_learner_death(ray_local):
+    """(--max-restarts resumes a run stopped by LearnerDied; any other error ends it.)"""
+    graph = ProcessGraph.__new__(ProcessGraph)
+    graph.serial, graph._ray, graph._where, graph.log_dir = False, ray_local, {}, None
+    graph._weight_sync_token = "t"
+    graph.ranks = [ray_local.remote(Rank).options(num_cpus=0).remote()]
+    graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote("ok")]
+    with pytest.raises(LearnerDied, match=r"^learner rank 0 \(pid \? .*\) died \(process gone: "):
+        graph.connect_weight_sync()
+    ray_local.kill(graph.actors[0])
 
 
 def test_the_health_check_asks_every_actor_at_once(ray_local):
