@@ -18,6 +18,7 @@ subprocesses), for debugging with ordinary tools.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import algos
@@ -30,17 +31,23 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     from actors.prompts import load_tokenizer
     from buffer.auth import RunSecrets
     from launch.buffer_keeper import BufferKeeper
-    from launch.cluster import joins_cluster
+    from launch.cluster import init_ray, joins_cluster
     from launch.data import load_run_data
     from launch.model_prep import prepare_model
     from launch.placement import plan_rank_cores
     from launch.processes import ProcessGraph
     from launch.storage import check_shared_storage, other_nodes, shared_paths
 
-    model_dir = prepare_model(cfg, log=progress.message)
-    tokenizer = load_tokenizer(str(model_dir))
-    data = load_run_data(cfg, tokenizer, run_dir, need_demos=algos.get(cfg.algo).needs_demonstrations,
-                         log=progress.message)
+    def load_inputs():  # the warm model, then the prompts (and demonstrations) tokenized with its tokenizer
+        model_dir = prepare_model(cfg, log=progress.message)
+        return model_dir, load_run_data(cfg, load_tokenizer(str(model_dir)), run_dir,
+                                        need_demos=algos.get(cfg.algo).needs_demonstrations, log=progress.message)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="run-inputs") as pool:
+        inputs = pool.submit(load_inputs)  # seconds of one core each (imports): they overlap Ray's start
+        if not cfg.serial:
+            init_ray(cfg)
+        model_dir, data = inputs.result()
     secrets = RunSecrets.generate()  # this run's keys: handed to its processes, never written anywhere
     cluster = joins_cluster(cfg)  # else loopback: one machine
     graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message,
