@@ -5,9 +5,9 @@ starts that process with ``spawn`` (`vllm.utils.system_utils._maybe_force_spawn`
 can only be spawned"). The new interpreter then imports torch, transformers and vLLM again, which the
 actor has just done: ``from vllm.v1.engine.core import EngineCoreProc`` alone is 15.9 CPU-seconds on
 this project's 2-core test machine. A forked engine core inherits the actor's imports. Measured on the
-quick-start (2 actors, a quiet 2-core machine, one run each way): CPU of each engine-core process to
-the first training step 22 -> 12 CPU-s, actors up in 37 -> 24 s, first step 61 -> 49 s after the
-command (bench/RESULTS.md, "Start-up").
+quick-start (2 actors, a 2-core machine): each engine-core process's CPU to the first training step
+22 -> 12 CPU-s; the engines up 51.5 -> 39.3 s and 52.5 -> 42.4 s after the command in two alternated
+pairs (bench/startup.py; bench/RESULTS.md, "Start-up").
 
 Why a fork is sound here:
   - vLLM forks its engine core itself outside Ray (``VLLM_WORKER_MULTIPROC_METHOD`` defaults to
