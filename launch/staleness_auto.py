@@ -22,11 +22,14 @@ for the better: engines batch more), so the rule runs again every window and rai
 learner still waits.
 
 When raising does not help: if the actors cannot produce one batch per L at any concurrency (their
-throughput, not the latency, is the limit), w stays > 0 whatever K is. So a raise must pay: when the
-first window after a raise shows a wait not below (1 − TOLERANCE) × the wait measured before it, K
-stays, and stays through later windows (whose waits at the same K say nothing about K) until one shows
-no wait: more staleness would only cost off-policyness. A learner that waits again after that (longer
-responses) gets a raise again.
+throughput, not the latency, is the limit), w stays > 0 whatever K is. And where the actors and the
+learner share cores (one CPU machine), more prompts in flight take CPU from the learner: w falls but L
+grows by as much or more (the learner-heavy profile, 2 cores: K 1 -> 2 took w 0.46 -> 0.18 s but L
+2.79 -> 3.52 s; fixed K = 1, 2, 4 made 28.0, 24.1, 22.6 samples/s; bench/RESULTS.md). So a raise must
+pay in what the run is after, the step interval P = w + L: when the first window after a raise shows a
+P not below (1 − TOLERANCE) × the P measured before it, K stays, and stays through later windows (whose
+waits at the same K say nothing about K) until one shows no wait: more staleness would only cost
+off-policyness. A learner that waits again after that (longer responses) gets a raise again.
 
 The learner "does not wait" when w ≤ TOLERANCE × L (a few milliseconds of bookkeeping always remain).
 K is never lowered: credit in flight was granted under the bound in force, and the buffer holds each
@@ -51,14 +54,15 @@ WINDOW_STEPS = 5  # steps averaged per decision
 SETTLE_STEPS = 3  # steps left out at the start and after an evaluation
 
 
-def next_bound(k: int, wait_s: float, busy_s: float, cap: int, waited_before: float | None = None) -> int:
+def next_bound(k: int, wait_s: float, busy_s: float, cap: int, interval_before: float | None = None) -> int:
     """The bound for the next window (module docstring). k: the bound in force over the window (versions);
     wait_s, busy_s: the learner's mean wait and busy seconds per step over it; cap: the ceiling;
-    waited_before: on the first window after a raise, the mean wait of the window that led to it (else None)."""
+    interval_before: on the first window after a raise, the mean step interval (wait + busy) of the window
+    that led to it (else None)."""
     if wait_s <= TOLERANCE * busy_s or k >= cap:
         return k
-    if waited_before is not None and wait_s >= (1 - TOLERANCE) * waited_before:
-        return k  # the last raise did not shorten the wait: generation throughput is the limit
+    if interval_before is not None and wait_s + busy_s >= (1 - TOLERANCE) * interval_before:
+        return k  # the last raise did not shorten the step: the actors' throughput (or the cores) is the limit
     return min(cap, k + math.ceil((k + 1) * wait_s / max(busy_s, 1e-9)))
 
 
@@ -68,8 +72,8 @@ class AutoStaleness:
 
     def __init__(self, k: int, cap: int):
         self.k, self.cap = k, cap
-        self.waited_before: float | None = None  # the wait before the last raise, until its first window
-        self.frozen = False  # a raise did not shorten the wait: K stays until a window without waiting
+        self.interval_before: float | None = None  # the step interval before the last raise, until its first window
+        self.frozen = False  # a raise did not shorten the step: K stays until a window without waiting
         self.settle, self.window, self.first = SETTLE_STEPS, [], 0
         self.decided = False
 
@@ -96,15 +100,15 @@ class AutoStaleness:
         busy = sum(b for _, b in self.window) / len(self.window)
         self.window = []
         waits = wait > TOLERANCE * busy
-        k = self.k if self.frozen and waits else next_bound(self.k, wait, busy, self.cap, self.waited_before)
+        k = self.k if self.frozen and waits else next_bound(self.k, wait, busy, self.cap, self.interval_before)
         line = None
         if k != self.k or not self.decided:
             line = (f"[staleness] auto: K={k} (learner waited {wait:.2f} s/step at K={self.k} over steps "
                     f"{self.first}-{step}, busy {busy:.2f} s/step; ceiling {self.cap})")
         if k > self.k:
-            self.waited_before, self.settle, self.k = wait, k + 1, k
+            self.interval_before, self.settle, self.k = wait + busy, k + 1, k
         else:
-            self.frozen = waits and (self.frozen or self.waited_before is not None)
-            self.waited_before = None
+            self.frozen = waits and (self.frozen or self.interval_before is not None)
+            self.interval_before = None
         self.decided = True
         return line

@@ -23,8 +23,14 @@ def test_golden():
     assert next_bound(1, wait_s=0.002, busy_s=1.9, cap=4) == 1  # learner-heavy: K=1 already stops the wait
     assert next_bound(1, wait_s=3.0, busy_s=0.5, cap=4) == 4  # ceil(13 / 1) capped at the ceiling
     assert next_bound(4, wait_s=3.0, busy_s=0.5, cap=4) == 4
-    assert next_bound(2, wait_s=0.3, busy_s=0.5, cap=8, waited_before=0.3) == 2  # the raise did not help
-    assert next_bound(2, wait_s=0.1, busy_s=0.5, cap=8, waited_before=0.3) == 3  # it did, not enough: again
+    # the first window after a raise, against the step interval before it (0.3 + 0.5 = 0.8 s)
+    assert next_bound(2, wait_s=0.3, busy_s=0.5, cap=8, interval_before=0.8) == 2  # the raise did not help
+    assert next_bound(2, wait_s=0.1, busy_s=0.5, cap=8, interval_before=0.8) == 3  # 0.6 s: it did, not enough
+    # learner-heavy on 2 cores (bench/RESULTS.md): K=1 waited 0.46 s, busy 2.79 s -> 1 + ceil(2·0.46/2.79) = 2;
+    # at K=2 the wait fell to 0.18 s but busy grew to 3.52 s: P 3.70 s ≥ 0.95 × 3.25 s, so K stays 2
+    # (a rule on the wait alone raised it to 2 + ceil(3·0.18/3.52) = 3, and the run slowed to 19.6 samples/s)
+    assert next_bound(1, wait_s=0.46, busy_s=2.79, cap=4) == 2
+    assert next_bound(2, wait_s=0.18, busy_s=3.52, cap=4, interval_before=3.25) == 2
 
 
 @given(g=st.floats(0.01, 20), busy=st.floats(0.05, 5), k=st.integers(0, 6), cap=st.integers(0, 8))
@@ -54,7 +60,7 @@ def test_the_driver_side_settles_decides_and_reports_once_per_change():
     assert lines[0] == (f"[staleness] auto: K=3 (learner waited 0.45 s/step at K=1 over steps {SETTLE_STEPS + 1}-"
                         f"{SETTLE_STEPS + WINDOW_STEPS}, busy 0.50 s/step; ceiling 4)")
     assert feed(auto, range(100, 130), lambda k: model_wait(g, busy, k), busy) == []  # no wait at K=3: quiet
-    assert auto.waited_before is None
+    assert auto.interval_before is None
     g = 2.4  # responses got longer: the learner waits again -> raised to the ceiling
     assert feed(auto, range(200, 220), lambda k: model_wait(g, busy, k), busy)[0].startswith("[staleness] auto: K=4")
 
@@ -67,6 +73,15 @@ def test_a_raise_that_does_not_shorten_the_wait_is_not_repeated():
     assert feed(auto, range(60, 70), lambda k: 0.1, 0.5) == [] and auto.k == 3  # a lower wait at the same K
     assert feed(auto, range(70, 80), lambda k: 0.0, 0.5) == [] and not auto.frozen  # no wait: unfrozen
     assert feed(auto, range(80, 90), lambda k: 0.3, 0.5)[0].startswith("[staleness] auto: K=5")  # waits again
+
+
+def test_a_raise_that_slows_the_learner_by_more_than_it_saves_in_waiting_is_not_repeated():
+    """Actors and learner on the same cores: the raise took the wait down and the busy time up by more."""
+    auto = AutoStaleness(k=1, cap=4)
+    busy_at = {1: 2.79, 2: 3.52, 3: 4.0}
+    lines = [line for s in range(1, 60) if (line := auto.observe(s, {1: 0.46, 2: 0.18, 3: 0.05}[auto.k],
+                                                                    busy_at[auto.k]))]
+    assert auto.k == 2 and auto.frozen and len(lines) == 1 and lines[0].startswith("[staleness] auto: K=2")
 
 
 def test_an_evaluation_restarts_the_window():
