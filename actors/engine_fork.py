@@ -6,8 +6,8 @@ can only be spawned"). The new interpreter then imports torch, transformers and 
 actor has just done: ``from vllm.v1.engine.core import EngineCoreProc`` alone is 15.9 CPU-seconds on
 this project's 2-core test machine. A forked engine core inherits the actor's imports. Measured on the
 quick-start (2 actors, a 2-core machine): each engine-core process's CPU to the first training step
-22 -> 12 CPU-s; the engines up 51.5 -> 39.3 s and 52.5 -> 42.4 s after the command in two alternated
-pairs (bench/startup.py; bench/RESULTS.md, "Start-up").
+22 -> 12 CPU-s; the engines up after the command, forked / spawned, median 0.81 over five alternated
+pairs (0.74-0.95, e.g. 39.3 vs 51.5 s; bench/startup.py, bench/RESULTS.md "Start-up").
 
 Why a fork is sound here:
   - vLLM forks its engine core itself outside Ray (``VLLM_WORKER_MULTIPROC_METHOD`` defaults to
@@ -47,12 +47,11 @@ from collections.abc import Iterator
 from multiprocessing.context import ForkProcess
 
 
-def drop_inherited_sockets() -> int:
-    """Point every socket descriptor this process holds at /dev/null; returns how many. Called first thing
+def drop_inherited_sockets() -> None:
+    """Point every socket descriptor this process holds at /dev/null. Called first thing
     in a forked child, where every socket is the parent's (module docstring). The numbers stay taken, so a
     stale object that closes "its" descriptor later cannot close a socket the child has opened since."""
     null = os.open(os.devnull, os.O_RDWR)
-    dropped = 0
     try:
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
@@ -62,10 +61,8 @@ def drop_inherited_sockets() -> int:
                 continue
             if is_socket:
                 os.dup2(null, fd)
-                dropped += 1
     finally:
         os.close(null)
-    return dropped
 
 
 class TitledFork(ForkProcess):

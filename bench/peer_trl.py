@@ -35,18 +35,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shlex
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peer_trl_report import compare, loop_start, render, run_curve, startup_s  # noqa: E402
-from bench.runs import ROOT, algo_train_command, load_average, load_rows, log, machine, rounded  # noqa: E402
+from bench.runs import (  # noqa: E402
+    ROOT,
+    algo_train_command,
+    load_average,
+    load_rows,
+    log,
+    machine,
+    rounded,
+    run_stamped,
+    stamped_lines,
+)
 
 MATCHED = [
     "the warm model: the same cached SFT-warmed tiny Llama directory (`launch.model_prep.prepare_model` of our "
@@ -101,46 +108,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.out_dir is None:
         args.out_dir = ROOT / "runs" / f"bench-peer-trl-{time.strftime('%Y%m%d-%H%M%S')}"
     return args
-
-
-def run_stamped(cmd: list[str], log_path: Path, timeout_s: float, name: str) -> tuple[int, float]:
-    """Run `cmd`, each output line written to `log_path` as '<epoch seconds> <line>' (and algo-train's own
-    progress lines echoed); returns (exit status, epoch time of the start)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="1")
-    t0 = time.time()
-    with open(log_path, "w") as f:
-        f.write(f"{t0:.3f} $ {shlex.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1)
-
-        def pump():
-            for line in proc.stdout:
-                f.write(f"{time.time():.3f} {line}")
-                f.flush()
-                if line.startswith("[") or " step " in line[:20] or "Error" in line or "Traceback" in line:
-                    log(f"  [{name}] {line.rstrip()[:200]}")
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            rc = proc.wait()
-            log(f"[{name}] stopped after the {timeout_s:.0f} s limit")
-        reader.join(timeout=30)
-    return rc, t0
-
-
-def stamped_lines(log_path: Path) -> list[tuple[float, str]]:
-    out = []
-    for line in log_path.read_text(errors="replace").splitlines():
-        t, _, text = line.partition(" ")
-        try:
-            out.append((float(t), text))
-        except ValueError:
-            continue
-    return out
 
 
 def ours_overrides(args) -> list[str]:

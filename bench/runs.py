@@ -166,6 +166,49 @@ def run_algo_train(name: str, algo: str, run_dir: Path, overrides: Sequence[str]
     return res
 
 
+def run_stamped(cmd: list[str], log_path: Path, timeout_s: float, name: str,
+                env: dict[str, str] | None = None) -> tuple[int, float]:
+    """Run `cmd` (with the variables `env` added to this environment), each output line written to `log_path`
+    as '<epoch seconds> <line>' (and algo-train's own progress lines echoed); returns (exit status, epoch
+    time of the start). `stamped_lines` reads the file back."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="1", **(env or {}))
+    t0 = time.time()
+    with open(log_path, "w") as f:
+        f.write(f"{t0:.3f} $ {shlex.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1)
+
+        def pump():
+            for line in proc.stdout:
+                f.write(f"{time.time():.3f} {line}")
+                f.flush()
+                if line.startswith("[") or " step " in line[:20] or "Error" in line or "Traceback" in line:
+                    log(f"  [{name}] {line.rstrip()[:200]}")
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            rc = proc.wait()
+            log(f"[{name}] stopped after the {timeout_s:.0f} s limit")
+        reader.join(timeout=30)
+    return rc, t0
+
+
+def stamped_lines(log_path: Path) -> list[tuple[float, str]]:
+    """(epoch seconds, line) of a `run_stamped` log."""
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        t, _, text = line.partition(" ")
+        try:
+            out.append((float(t), text))
+        except ValueError:
+            continue
+    return out
+
+
 def report_failure(res: RunResult, lines: int = 40) -> None:
     if not res.log_path.is_file():  # nothing was started (e.g. --reuse found no run)
         log(f"[{res.name}] FAILED: {res.error}")

@@ -14,32 +14,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.runs import algo_train_command, run_stamped, stamped_lines  # noqa: E402
+
 MARKS = {"up": "vLLM actor(s) up in", "eval": "[eval] held-out accuracy before RL", "step": "step 1/1"}
 
 
 def timed_run(out: Path, spawn: bool) -> dict:
     """Seconds after the command at which each of MARKS first appeared, and the evaluation's length."""
-    env = dict(os.environ)
-    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-    if spawn:
-        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    cmd = [str(ROOT / ".venv" / "bin" / "algo-train"), "--algo", "grpo", "--steps", "1", "--output", str(out),
-           "--set", "logging.progress=plain"]
-    t0, seen = time.monotonic(), {}
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
-        for line in p.stdout:
-            for name, text in MARKS.items():
-                if name not in seen and text in line:
-                    seen[name] = round(time.monotonic() - t0, 1)
-    if p.returncode != 0 or len(seen) < len(MARKS):
-        raise SystemExit(f"bench/startup.py: the run in {out} failed (exit {p.returncode}; saw {seen})")
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"} if spawn else {}
+    if not spawn and os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn":
+        raise SystemExit("bench/startup.py: unset VLLM_WORKER_MULTIPROC_METHOD (arm B is the default)")
+    log_path = out.with_suffix(".log")
+    rc, t0 = run_stamped([*algo_train_command("grpo", out, []), "--steps", "1"], log_path, 900,
+                         out.name, env=env)
+    seen = {}
+    for t, line in stamped_lines(log_path):
+        for name, text in MARKS.items():
+            if name not in seen and text in line:
+                seen[name] = round(t - t0, 1)
+    if rc != 0 or len(seen) < len(MARKS):
+        raise SystemExit(f"bench/startup.py: the run in {out} failed (exit {rc}; saw {seen}; log {log_path})")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     seen["eval_s"] = round(next(r["time/eval_s"] for r in rows if "time/eval_s" in r), 1)
     return seen

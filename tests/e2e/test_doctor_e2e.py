@@ -31,7 +31,7 @@ def doctor(tmp_path, *args: str, timeout: float = 540) -> tuple[int, str, float]
                             "--set", f"logging.output_dir={tmp_path / 'runs'}", *args],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        said = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        said = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")  # bytes, text=True or not
         pytest.fail(f"doctor ran past {timeout:.0f} s; its progress lines:\n{said[-4000:]}")
     return p.returncode, p.stdout, time.monotonic() - t0
 
