@@ -116,7 +116,7 @@ class AsyncActor(WeightUpdates):
         r = self.cfg.rollout
         self.sampler = GroupSampler(
             self.engine, tokenizer,
-            SamplingSettings.from_config(r, gpu=not self.spec.cpu),
+            SamplingSettings.from_config(r),
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")

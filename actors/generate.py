@@ -38,15 +38,15 @@ class SamplingSettings:
     max_tokens: int = 128
     eval_temperature: float = 0.0
     top_k: int = 0  # 0 or -1 = off (vLLM); after the four fields actors/core.py passes positionally
-    seeded: bool = True  # per-request seeds drawn from the actor's RNG (reproducible runs); rollout.seeded
+    seeded: bool = False  # per-request seeds drawn from the actor's RNG; rollout.seeded
 
     @classmethod
-    def from_config(cls, rollout, gpu: bool) -> SamplingSettings:
-        """The settings of `rollout` (a `configs.shared.RolloutConfig`) for an engine on a GPU or on CPU:
-        `rollout.seeded` auto = seeded on CPU only (unseeded requests skip vLLM's per-sequence generators,
-        `vllm/v1/sample/ops/topk_topp_sampler.py`: one `exponential_` kernel per seeded sequence per step)."""
+    def from_config(cls, rollout) -> SamplingSettings:
+        """The settings of `rollout` (a `configs.shared.RolloutConfig`). Unseeded requests skip vLLM's
+        per-sequence generators (`vllm/v1/sample/ops/topk_topp_sampler.py`: a Python loop over the seeded
+        sequences at every decode step, on CPU as on GPUs)."""
         return cls(rollout.temperature, rollout.top_p, rollout.max_response_tokens, rollout.eval_temperature,
-                   top_k=rollout.top_k, seeded=rollout.resolved_seeded(gpu))
+                   top_k=rollout.top_k, seeded=rollout.seeded)
 
 
 class GroupSampler:

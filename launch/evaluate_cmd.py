@@ -137,7 +137,7 @@ def score_prompts(host, cfg, items, n: int, temperature: float) -> tuple[list[di
 
     r = cfg.rollout
     settings = SamplingSettings(temperature=temperature, top_p=r.top_p, max_tokens=r.max_response_tokens,
-                                eval_temperature=temperature, top_k=r.top_k)
+                                eval_temperature=temperature, top_k=r.top_k, seeded=True)  # reproducible pass@k
     sampler = GroupSampler(host.engine, load_tokenizer(cfg.model.path), settings, reward_fn=scorer_for(cfg),
                            name="eval", seed=cfg.seed)
 

@@ -128,7 +128,6 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
                                         has whole GPUs, else gloo (engines sharing a GPU: `sharing_note`)
         rollout.kv_cache_gib    null -> 1 GiB on CPU engines (null on GPUs: by gpu_memory_utilization)
         rollout.engine.gpu_memory_utilization  null -> 0.85 on GPU engines without rollout.kv_cache_gib
-        rollout.seeded          auto -> true on CPU engines, false on GPU engines
         learner.logprob_chunk_tokens  auto -> 1024 on GPU learner ranks, 4096 on CPU
         learner.micro_batch_tokens    auto -> 16384 on GPU learner ranks, null on CPU
 
@@ -156,7 +155,6 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
     r.kv_cache_gib = r.resolved_kv_cache_gib(engine_gpu)
     if engine_gpu and r.kv_cache_gib is None and r.engine.gpu_memory_utilization is None:
         r.engine.gpu_memory_utilization = GPU_MEMORY_UTILIZATION
-    r.seeded = r.resolved_seeded(engine_gpu)
     lr.logprob_chunk_tokens = lr.resolved_logprob_chunk_tokens(rank_gpu)
     lr.micro_batch_tokens = lr.resolved_micro_batch_tokens(rank_gpu)
     total = f"{sum(n.gpus for n in nodes):g}"

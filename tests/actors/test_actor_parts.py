@@ -166,11 +166,11 @@ def test_backoff_doubles_to_cap():
     assert b.next() == 0.1
 
 
-@pytest.mark.parametrize("gpu", [False, True])
-def test_rollout_requests_are_seeded_on_cpu_engines_only(gpu):
-    """C5: vLLM samples every seeded sequence with its own generator, one kernel per sequence per decode
-    step (vllm/v1/sample/ops/topk_topp_sampler.py); `rollout.seeded` auto leaves GPU requests unseeded
-    and keeps the CPU runs' seeds (their samples stay what they were)."""
+@pytest.mark.parametrize("seeded", [False, True])
+def test_rollout_requests_are_seeded_only_when_asked(seeded):
+    """C5: vLLM samples every seeded sequence with its own generator, in a Python loop over the sequences
+    at every decode step (vllm/v1/sample/ops/topk_topp_sampler.py, CPU and GPU paths); rollout requests
+    are unseeded unless `rollout.seeded` asks for it."""
     import asyncio
 
     from actors.generate import GroupSampler, SamplingSettings
@@ -187,12 +187,10 @@ def test_rollout_requests_are_seeded_on_cpu_engines_only(gpu):
     class Tokenizer:
         eos_token_id = 0
 
-    settings = SamplingSettings.from_config(RunConfig().rollout, gpu=gpu)
-    assert settings.seeded is (not gpu)
+    settings = SamplingSettings.from_config(RunConfig(rollout={"seeded": seeded}).rollout)
+    assert settings.seeded is seeded
     sampler = GroupSampler(Engine(), Tokenizer(), settings, reward_fn=lambda *a: 0.0)
     with pytest.raises(LookupError):
         asyncio.run(sampler.sample_group(PromptItem(0, (5, 6), "1"), GroupPlan(on_policy=8, demo_rows=0)))
     sampler.close()
-    assert seen[0].n == 8 and (seen[0].seed is None) is gpu
-    forced = RunConfig(rollout={"seeded": True}).rollout
-    assert SamplingSettings.from_config(forced, gpu=True).seeded is True
+    assert seen[0].n == 8 and (seen[0].seed is not None) is seeded

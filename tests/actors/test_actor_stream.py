@@ -130,7 +130,7 @@ def test_many_seeded_prompts_at_once_keep_the_engine_alive(host, model_dir, prom
     from actors.actor import RolloutActor
     from actors.luffy import plain_group_plan
 
-    cfg = run_config(rollout__n=8, rollout__max_response_tokens=2)
+    cfg = run_config(rollout__n=8, rollout__max_response_tokens=2, rollout__seeded=True)
     actor = RolloutActor(cfg, 0, model_dir, "tcp://127.0.0.1:1", prompts, host=host)
     try:
         actor.start()

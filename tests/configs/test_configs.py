@@ -34,7 +34,7 @@ def test_quickstart_equals_algo_grpo():
 def test_overrides_and_flags_apply():
     cfg = resolve("pure", flags={"buffer.max_staleness": 3, "rollout.num_actors": None},
                   overrides=["loss.clip_high=0.28", "learner.betas=[0.9, 0.95]", "pure.credit=strict"])
-    assert cfg.buffer.max_staleness == 3 and cfg.rollout.num_actors == 2  # None flag = not given
+    assert cfg.buffer.max_staleness == 3 and cfg.rollout.num_actors == 1  # None flag = not given: pure.yaml's
     assert cfg.loss.clip_high == 0.28 and cfg.learner.betas == (0.9, 0.95) and cfg.pure.credit == "strict"
 
 

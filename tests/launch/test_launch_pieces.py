@@ -31,7 +31,8 @@ def test_32_actors_on_two_cores_is_a_clear_error():
 
 
 def test_quickstart_fits_two_cores_and_gpu_requests_need_gpus():
-    assert plan(resolve("grpo"), TWO_CORES).layout == (("this machine", 1, 2),)  # 2 × 0.5 + 1 = 2 CPUs
+    assert plan(resolve("grpo"), TWO_CORES).layout == (("this machine", 1, 1),)  # 0.5 + 1 CPU
+    assert plan(resolve("grpo", flags={"rollout.num_actors": 2}), TWO_CORES).layout == (("this machine", 1, 2),)  # 2 × 0.5 + 1 = 2
     with pytest.raises(ResourceError) as e:
         plan(resolve("grpo", overrides=["learner.gpus_per_rank=1"]), TWO_CORES)
     assert "room for only 0 of the 1 learner ranks (1 GPU needed, 0 free)" in str(e.value)
