@@ -2,7 +2,9 @@
 (`bench.runs.steady_state`) and their ratio, pair by pair. This machine's speed drifts with other jobs,
 so every pair runs A then B back to back, and the ratio is taken within the pair; the median of the
 pairs' ratios is the result. Also reported per run: where the learner's time went (waiting for a batch
-against training, `time/generate_wait_s` and `time/train_s`) and the held-out accuracy at the end.
+against training, `time/generate_wait_s` and `time/train_s`), the held-out accuracy at the end, and
+where its CPU went: CPU seconds a step by role over the middle of the run (`bench.cpu_roles`, steps
+--cpu-steps), which says which side of a change did less work when the machine's speed drifts.
 
     .venv/bin/python bench/ab.py --a rollout.prompts_in_flight=8 --b rollout.prompts_in_flight=16 --steps 150 --pairs 2
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cpu_roles import CpuWindow  # noqa: E402
 from bench.runs import (  # noqa: E402
     add_run_options,
     finish_run_options,
@@ -56,6 +59,15 @@ def summarise(records: list[dict]) -> dict:
             "mean_a": mean["a"], "mean_b": mean["b"]}
 
 
+def cpu_cell(cpu: dict) -> str:
+    """'0.62 / 0.32 / 0.15 / 1.17 (1.55)' from a `CpuWindow.result` ('–' when the window was not read)."""
+    if not cpu:
+        return "–"
+    split = cpu["cpu_s_per_step"]
+    parts = [fmt(split.get(role, 0.0), ".2f") for role in ("engine", "learner", "actor")]
+    return f"{' / '.join(parts)} / {sum(split.values()):.2f} ({cpu['cores_busy']:.2f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -65,15 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=150, help="learner steps of every run")
     p.add_argument("--pairs", type=int, default=2, help="A-then-B pairs")
     p.add_argument("--skip-steps", type=int, default=5, help="first steps left out of the steady state")
+    p.add_argument("--cpu-steps", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"),
+                   help="training steps between which CPU is read by role (default: a quarter to five sixths of --steps)")
     add_run_options(p, "ab")
     args = finish_run_options(p, p.parse_args(argv), "ab", {"steps": "--steps"})
+    first, last = args.cpu_steps or (args.steps // 4, args.steps * 5 // 6)
     records = []
     for pair in range(args.pairs):
         for side, sets in (("a", args.a), ("b", args.b)):
             name = f"{side}{pair}"
             rec = {"bench": "ab", "pair": pair, "side": side, "settings": sets}
             overrides = [f"learner.steps={args.steps}", *sets, *args.extra]
+            window = CpuWindow(args.out_dir / name, first, last)
+            window.start()
             run_and_analyse(rec, name, args.algo, overrides, args, lambda rows: analyse(rows, args.skip_steps))
+            window.stop()
+            window.join()
+            rec["cpu"] = window.result
             print(json.dumps(rec), flush=True)
             log(f"[ab] {name} ({' '.join(sets)}): {fmt(rec.get('samples_per_s'), '.1f')} samples/s, "
                 f"waited {fmt(rec.get('wait_s'), '.0f')} s, trained {fmt(rec.get('train_s'), '.0f')} s")
@@ -81,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     s = summarise(records)
     table = markdown_table(
         ["run", "settings", "samples/s (steady)", "learner waited s", "learner trained s", "accuracy end",
-         "load before/after"],
+         f"CPU-s a step, steps {first}-{last}: engines / learner / actors / all (cores busy)", "load before/after"],
         [[f"{r['side'].upper()}{r['pair']}", " ".join(r["settings"]), fmt(r.get("samples_per_s"), ".1f"),
-          fmt(r.get("wait_s"), ".0f"), fmt(r.get("train_s"), ".0f"), fmt(r.get("accuracy_end")),
+          fmt(r.get("wait_s"), ".0f"), fmt(r.get("train_s"), ".0f"), fmt(r.get("accuracy_end")), cpu_cell(r["cpu"]),
           f"{fmt(r.get('load_before'), '.1f')}/{fmt(r.get('load_after'), '.1f')}"] for r in records])
     verdict = (f"B/A samples/s per pair: {', '.join(f'{x:.2f}' for x in s['ratios'])}; median "
                f"{fmt(s['median_ratio'], '.2f')} (A {fmt(s['mean_a'], '.1f')}, B {fmt(s['mean_b'], '.1f')} mean)")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import shlex
 import sys
 import time
@@ -73,23 +74,48 @@ MATCHED = [
     "behaviour correction: truncated IS with cap 2 per token (ours `tis`, TRL `token_truncate`, clip_max 2)",
     "sampling: temperature 1, top-p 1, no top-k, 128 response tokens; prompt + response context 384",
 ]
-UNMATCHED = [
-    "asynchrony is the point of the comparison: ours trains on batches up to K = 1 version stale while the "
-    "actors keep generating; TRL alternates generation and training in one process (on-policy)",
-    "process layout: ours runs 2 vLLM engines in 2 actor processes (0.5 core each), a buffer process and a "
-    "learner rank under Ray; TRL one process with one colocated engine. Thread counts differ accordingly",
-    "prompt order and sampling streams: our actors shard the prompts and shuffle each shard with "
-    "(seed, actor, epoch); TRL's sampler shuffles the whole set with its seed — same prompt set, other order",
-    "micro-batching: ours 2 micro-batches of 32 rows (gradient accumulated), TRL one 64-row forward — the same "
-    "gradient up to float rounding",
-    "the std's epsilon: ours 1e-6, TRL 1e-4 (a difference only for near-constant groups)",
-    "TRL's vLLM weight load needed an adapter on vLLM-CPU (bench/peer_trl_run.py `layerwise_weight_sync`): "
-    "each sync is a layerwise reload, as in our gloo engine",
-    "the engines: TRL builds its colocated engine without enforce_eager (TRL has no option for it), so vLLM-CPU "
-    "compiles the model with inductor at start-up; our CPU engines run eager. TRL's threads are as shipped "
-    "(its engine generates with the trainer's 2 torch threads, libgomp's workers spin between parallel regions): "
-    "its fastest setting on a quiet machine, 10-30× slower on a loaded one (bench/peer_trl_run.py docstring)",
-]
+
+
+def unmatched(layout: dict | None) -> list[str]:
+    """What is not matched; our side's layout (`layout_of` our run, None: unknown) is said as it ran."""
+    lay = layout or {"actors": "?", "prompts_in_flight": "?", "cpus_per_actor": "?", "micro_batch_samples": "?",
+                     "rows": "?", "max_staleness": "K"}
+    mb, rows = lay["micro_batch_samples"], lay["rows"]
+    per_step = f"{math.ceil(rows / mb)} micro-batches" if layout else "micro-batches"
+    return [
+        f"asynchrony is the point of the comparison: ours trains on batches up to K = {lay['max_staleness']} "
+        "version(s) stale while the actors keep generating; TRL alternates generation and training in one process "
+        "(on-policy)",
+        f"process layout: ours runs {lay['actors']} vLLM engine(s), one per actor process ({lay['cpus_per_actor']} "
+        f"core reserved and {lay['prompts_in_flight']} prompts in flight each), a buffer process and a learner rank "
+        "under Ray; TRL one process with one colocated engine. Thread counts differ accordingly",
+        "prompt order and sampling streams: our actors shard the prompts and shuffle each shard with "
+        "(seed, actor, epoch); TRL's sampler shuffles the whole set with its seed — same prompt set, other order",
+        f"micro-batching: ours {per_step} of up to {mb} rows a step (gradient accumulated), TRL one {rows}-row "
+        "forward — the same gradient up to float rounding",
+        "the std's epsilon: ours 1e-6, TRL 1e-4 (a difference only for near-constant groups)",
+        "TRL's vLLM weight load needed an adapter on vLLM-CPU (bench/peer_trl_run.py `layerwise_weight_sync`): "
+        "each sync is a layerwise reload, as in our gloo engine",
+        "the engines: TRL builds its colocated engine without enforce_eager (TRL has no option for it), so vLLM-CPU "
+        "compiles the model with inductor at start-up; our CPU engines run eager. TRL's threads are as shipped "
+        "(its engine generates with the trainer's 2 torch threads, libgomp's workers spin between parallel "
+        "regions): its fastest setting on a quiet machine, 10-30× slower on a loaded one (bench/peer_trl_run.py "
+        "docstring)",
+    ]
+
+
+def layout_of(run_dir: Path) -> dict | None:
+    """Our run's process layout and micro-batching, from its config.yaml (None without one)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    from configs.loading import resolve_saved
+
+    cfg = resolve_saved(path)
+    r = cfg.rollout
+    return {"actors": r.num_actors, "prompts_in_flight": r.prompts_in_flight, "cpus_per_actor": r.cpus_per_actor,
+            "micro_batch_samples": cfg.learner.micro_batch_samples, "rows": cfg.learner.batch_prompts * r.n,
+            "max_staleness": cfg.buffer.max_staleness}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,7 +159,8 @@ def analyse_ours(run_dir: Path, log_path: Path, steps: int) -> dict:
     lines = stamped_lines(log_path)
     step1 = next(r for r in rows if r.get("step") == 1)
     pre = rows[0].get("time/eval_s") if rows and rows[0].get("step") == 0 else None
-    res |= {"pre_eval_s": pre, "startup_s": startup_s(lines[0][0], loop_start(lines, step1["time/wall_s"]), pre)}
+    res |= {"pre_eval_s": pre, "startup_s": startup_s(lines[0][0], loop_start(lines, step1["time/wall_s"]), pre),
+            "layout": layout_of(run_dir)}
     return res
 
 
@@ -172,7 +199,7 @@ def section(args, cmp: dict, ours: dict, trl: dict, meta: dict) -> str:
         f"Command: `{meta['command']}`\n\n"
         f"Install of the peer: `.venv/bin/pip freeze | grep -v '^-e' > /tmp/constraints.txt && "
         f".venv/bin/pip install -c /tmp/constraints.txt trl accelerate datasets` ({meta['versions']}).\n\n"
-        + render(cmp) + "\n\n")
+        + render(cmp, ours_actors=(ours.get("layout") or {}).get("actors")) + "\n\n")
     curve = lambda r: ", ".join(f"{c['step']}: {c['accuracy']:.3f}" for c in r["curve"])  # noqa: E731
     text += (f"Held-out accuracy by step — ours: {curve(ours)}; TRL: {curve(trl)}.\n"
              f"Training time (evaluations excluded): ours {ours['train_s']:.0f} s, TRL {trl['train_s']:.0f} s; "
@@ -192,7 +219,8 @@ def section(args, cmp: dict, ours: dict, trl: dict, meta: dict) -> str:
                  f"{trl.get('torch_threads')} in the trainer; engine dtype {trl.get('vllm_dtype')}).\n")
     text += "\n"
     text += "Matched:\n" + "".join(f"- {m}\n" for m in MATCHED)
-    text += "\nNot matched (cannot be, or not by this bench):\n" + "".join(f"- {m}\n" for m in UNMATCHED)
+    text += ("\nNot matched (cannot be, or not by this bench):\n"
+             + "".join(f"- {m}\n" for m in unmatched(ours.get("layout"))))
     return text + "\n"
 
 

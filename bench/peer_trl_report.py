@@ -109,8 +109,9 @@ def _pair(pair, spec: str, unit: str = "", missing: str = "–") -> tuple[str, s
     return tuple(fmt(v, spec, missing) + (unit if v is not None else "") for v in pair)
 
 
-def render(cmp: dict) -> str:
-    """The markdown table: one row per figure, a column per system, the ratio or difference last."""
+def render(cmp: dict, ours_actors: int | None = None) -> str:
+    """The markdown table: one row per figure, a column per system, the ratio or difference last
+    (`ours_actors`: our run's actor count, said in its column's head)."""
     def ratio(a, b):
         return fmt(a / b if a is not None and b else None, ".2f")
 
@@ -137,7 +138,8 @@ def render(cmp: dict) -> str:
     rows.append(["start-up: process start → first training step (pre-RL eval excluded)",
                  *_pair(st, ".0f", " s"), f"ours/TRL {ratio(*st)}"])
     rows.append(["evaluation before RL (200 prompts, greedy)", *_pair(cmp["pre_eval_s"], ".1f", " s"), ""])
-    return markdown_table(["figure", "ours (algo-train, async, 2 actors)", "TRL GRPOTrainer (sync, colocate)",
+    actors = "" if ours_actors is None else f", {ours_actors} actor{'s' if ours_actors != 1 else ''}"
+    return markdown_table(["figure", f"ours (algo-train, async{actors})", "TRL GRPOTrainer (sync, colocate)",
                            "ratio / Δ"], rows)
 
 

@@ -114,6 +114,12 @@ def test_the_bench_reads_both_run_folders_without_trl(tmp_path):
     assert a["startup_s"] == pytest.approx(1052.5 - 10.0 - 1000.0 - 5.0)  # 37.5
     assert b["startup_s"] == pytest.approx(48.0) and b["chat_template_same_ids"] is True
     assert len(load_rows(ours)) == 5  # the final evaluation merged into step 4's row
+    assert a["layout"] is None  # no config.yaml
+    from configs.loading import dump_annotated, resolve
+
+    (ours / "config.yaml").write_text(dump_annotated(resolve("grpo", overrides=["rollout.num_actors=2"])))
+    assert peer_trl.layout_of(ours) == {"actors": 2, "prompts_in_flight": 16, "cpus_per_actor": 0.5,
+                                        "micro_batch_samples": 32, "rows": 64, "max_staleness": 1}
     assert "trl" not in sys.modules  # the bench's analysis never imports TRL
 
 
@@ -126,6 +132,13 @@ def test_the_section_says_what_is_matched_and_not(tmp_path):
     text = peer_trl.section(args, compare(o, t), o, t, meta)
     assert "smoke run, not the result" in text and "`python bench/peer_trl.py --steps 4`" in text
     assert "Matched:" in text and "Not matched" in text and "noisy" in text
+    assert "| ours (algo-train, async) |" in text and "ours runs ? vLLM engine(s)" in text  # no config.yaml
+    o["layout"] = {"actors": 1, "prompts_in_flight": 16, "cpus_per_actor": 0.5, "micro_batch_samples": 32,
+                   "rows": 64, "max_staleness": 1}
+    text = peer_trl.section(args, compare(o, t), o, t, meta)  # the layout is said as our run had it
+    assert "| ours (algo-train, async, 1 actor) |" in text and "up to K = 1 version(s) stale" in text
+    assert "ours runs 1 vLLM engine(s), one per actor process (0.5 core reserved and 16 prompts in flight" in text
+    assert "ours 2 micro-batches of up to 32 rows a step (gradient accumulated), TRL one 64-row forward" in text
 
 
 def test_trls_engine_gets_the_forced_engine_arguments():
