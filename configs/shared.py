@@ -161,7 +161,7 @@ class RolloutConfig(Section):
     seeded: bool = Field(
         False, description="give every rollout request a seed drawn from the actor's RNG (reproducible samples per "
                            "request); vLLM then samples each seeded sequence with its own generator, in a Python loop "
-                           "over the sequences at every decode step: 6-15 % more engine CPU on CPU at the quick-start's "
+                           "over the sequences at every decode step: 6-16 % more engine CPU on CPU at the quick-start's "
                            "batches, more at GPU batch sizes")
     engine: RolloutEngineConfig = Field(RolloutEngineConfig(), description="vLLM engine settings of every actor")
     eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
