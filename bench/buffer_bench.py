@@ -31,6 +31,7 @@ import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
+from bench.cpu_roles import cpu_seconds  # noqa: E402
 from buffer.client import BufferClient  # noqa: E402
 from buffer.process import start_buffer_process  # noqa: E402
 from buffer.records import Group, Sample  # noqa: E402
@@ -121,20 +122,13 @@ def _spawn(target, *args):
     return p, recv
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a live process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_buffer(groups: int, n: int, tokens: int, batch: int, push_chunk: int, k: int) -> tuple[float, float]:
     """-> (samples/s, CPU seconds of actor + buffer + learner)."""
     proc, address = start_buffer_process(None, batch_prompts=batch, max_staleness=k,
                                          capacity_groups=(k + 2) * batch, max_message_mb=256)
     learner = BufferClient(address, "bench-learner", timeout_s=60)
     actor, conn = _spawn(_actor, address, groups, n, tokens, push_chunk)
-    buf_cpu0, cpu0 = _proc_cpu_s(proc.pid), time.process_time()
+    buf_cpu0, cpu0 = cpu_seconds(proc.pid), time.process_time()
     t0 = time.perf_counter()
     conn.send_bytes(b"go")
     got, version = 0, 0
@@ -144,7 +138,7 @@ def run_buffer(groups: int, n: int, tokens: int, batch: int, push_chunk: int, k:
         assert all(len(s.tokens) == tokens for g in batch_groups for s in g.samples)
         version += 1
     dt = time.perf_counter() - t0
-    cpu = time.process_time() - cpu0 + _proc_cpu_s(proc.pid) - buf_cpu0 + float(conn.recv_bytes())
+    cpu = time.process_time() - cpu0 + cpu_seconds(proc.pid) - buf_cpu0 + float(conn.recv_bytes())
     stats = learner.stats()
     assert stats["rejected_total"] == 0, stats
     actor.join(30)

@@ -28,19 +28,24 @@ def role_of(cmdline: str) -> str:
     return next((role for role, mark in ROLES if mark in cmdline), "other")
 
 
+def cpu_seconds(pid: int | str) -> float:
+    """user + system CPU seconds of a live process (Linux /proc; OSError once it is gone)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_by_pid() -> dict[int, tuple[str, float]]:
     """pid -> (role, CPU seconds so far) of every process now running."""
-    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
             cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out[int(name)] = (role_of(cmd), cpu_seconds(name))
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(name)] = (role_of(cmd), (int(fields[11]) + int(fields[12])) / tick)
     return out
 
 
