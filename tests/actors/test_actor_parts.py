@@ -153,6 +153,11 @@ def test_engine_spec_from_config(monkeypatch, tmp_path):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     AsyncEngineArgs(**kw)  # every key is a real engine argument of the installed vLLM
+    assert "enable_prefix_caching" not in kw  # vLLM's default (on): every push clears the cache
+    # pushes that keep the KV cache (clear_cache false) must not leave prefixes for later requests
+    kept = RunConfig(weight_sync={"clear_cache": False})
+    assert EngineSpec.from_config(kept, tmp_path, weight_transfer=False).engine_args_kwargs()[
+        "enable_prefix_caching"] is False
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert set_kv_cache_env(0.5) == 1
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
