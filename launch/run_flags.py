@@ -70,6 +70,8 @@ def flags_from_args(args: argparse.Namespace) -> dict:
         "data.task": "file" if args.data else None,
         "data.demos": args.demos,
         "buffer.max_staleness": args.max_staleness,
+        # a number is a fixed bound, also over a config file that spells out max_staleness_auto: true
+        "buffer.max_staleness_auto": False if isinstance(args.max_staleness, int) else None,
         "learner.steps": args.steps,
         "logging.output_dir": args.output,
         "logging.verbose": args.verbose,

@@ -117,7 +117,7 @@ def test_the_bench_reads_both_run_folders_without_trl(tmp_path):
     assert a["layout"] is None  # no config.yaml
     from configs.loading import dump_annotated, resolve
 
-    (ours / "config.yaml").write_text(dump_annotated(resolve("grpo", overrides=["rollout.num_actors=2"])))
+    (ours / "config.yaml").write_text(dump_annotated(resolve("grpo", overrides=["rollout.num_actors=2", "buffer.max_staleness=1"])))
     assert peer_trl.layout_of(ours) == {"actors": 2, "prompts_in_flight": 16, "cpus_per_actor": 0.5,
                                         "micro_batch_samples": 32, "rows": 64, "max_staleness": 1}
     # with max_staleness: auto the run chose K: the layout says the bound in force at its last step

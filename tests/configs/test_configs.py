@@ -46,7 +46,7 @@ def test_max_staleness_auto():
         b = cfg.buffer
         assert (b.max_staleness, b.max_staleness_auto, b.max_staleness_cap) == (1, True, 4)
         assert RunConfig.model_validate(__import__("yaml").safe_load(dump(cfg))) == cfg
-    assert not resolve("grpo").buffer.max_staleness_auto
+    assert resolve("grpo").buffer.max_staleness_auto  # the presets let the run choose K
     with pytest.raises(ConfigError, match="buffer.max_staleness_cap: 2 is below buffer.max_staleness=3"):
         resolve("grpo", overrides=["buffer.max_staleness=3", "buffer.max_staleness_auto=true",
                                    "buffer.max_staleness_cap=2"])
@@ -85,7 +85,11 @@ def test_bad_yaml_file(tmp_path):
 def test_cli_dry_run_and_errors(capsys):
     assert main(["--algo", "pure", "--dry-run", "--max-staleness", "2"]) == 0
     out = capsys.readouterr().out
-    assert "algo: pure" in out and "max_staleness: 2  # K:" in out
+    assert "algo: pure" in out and "max_staleness: 2  # K:" in out and "max_staleness_auto: false" in out
+    # a number is a fixed K, also over a file that spells out max_staleness_auto: true (quickstart.yaml)
+    assert main(["--config", str(builtin_config_path("quickstart")), "--dry-run", "--max-staleness", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "max_staleness: 2  # K:" in out and "max_staleness_auto: false" in out
     assert main(["--algo", "grpo", "--dry-run", "--max-staleness", "auto"]) == 0
     assert "max_staleness_auto: true" in capsys.readouterr().out
     with pytest.raises(SystemExit):

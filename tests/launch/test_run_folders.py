@@ -76,6 +76,7 @@ def test_safe_changes_apply_and_are_recorded_with_their_step(tmp_path):
     _, cfg, plan = parse(["--resume", str(run), "--max-staleness", "3", "--steps", "20",
                           "--set", "learner.eval_every=5", "--set", "logging.samples_every=1"])
     assert plan.changes == {"buffer.max_staleness": [1, 3], "learner.steps": [10, 20],
+                            "buffer.max_staleness_auto": [True, False],  # the presets' auto, fixed by the flag
                             "learner.lr_horizon_steps": [None, 10],  # pinned to the run's old steps
                             "learner.eval_every": [25, 5], "logging.samples_every": [10, 1]}
     assert cfg.buffer.max_staleness == 3 and cfg.learner.steps == 20
