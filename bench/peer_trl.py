@@ -19,7 +19,9 @@ take 10-30x longer; bench/peer_trl_run.py). The full quick-start length, 350 ste
     .venv/bin/python bench/peer_trl.py --steps 30 --eval-every 5 --label smoke   # a short smoke run
 
 1. ours: `algo-train --algo grpo --set seed=S` (+ --steps / learner.eval_every / each --extra KEY=VALUE
-   when given, e.g. `--extra buffer.max_staleness=auto`), as a user runs it, its output lines time-stamped by this script (start-up = process start -> training loop start).
+   when given, e.g. `--extra buffer.max_staleness=1` for a fixed bound instead of the presets' auto), as
+   a user runs it, its output lines time-stamped by this script (start-up = process start -> training
+   loop start).
 2. TRL: `bench/peer_trl_run.py --config <ours>/config.yaml`: every setting is read from our run's resolved
    configuration (see that file: warm model, prompts, chat template, reward, batch, sampling, AdamW, LR
    schedule, clip, KL), with a documented adapter that makes TRL's colocated weight load work on vLLM-CPU.
@@ -137,7 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit per run")
     p.add_argument("--reuse", action="store_true", help="run nothing: analyse the two runs in --out-dir")
     p.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override of our run, e.g. buffer.max_staleness=auto (repeatable). TRL's run reads "
+                   help="config override of our run, e.g. buffer.max_staleness=1 (repeatable). TRL's run reads "
                         "our run's config.yaml, so a setting both sides have stays matched")
     args = p.parse_args(argv)
     try:
