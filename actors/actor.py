@@ -20,7 +20,7 @@ Orchestrator usage::
 
 `prompts` is the whole training set as `actors.prompts.PromptItem`s (`items_from_records` turns
 `tasks` records into them); the actor keeps its own shard (`actor_id::num_actors`). Where a
-restarted actor resumes is not its own to report: the driver's ledger says (`launch.ledger`).
+restarted actor resumes is not its own to report: the driver's ledger says (`launch.state.ledger`).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ class AsyncActor(WeightUpdates):
     def delivered_since(self, wall_time: float) -> list[tuple[int, int]]:
         """(epoch, prompt) of the groups the buffer acknowledged at or after `wall_time` (time.time()),
         oldest first: what a buffer that died after a snapshot of that time may have lost
-        (`launch.buffer_keeper`). The record keeps the last DELIVERED_KEPT acknowledgements."""
+        (`launch.state.buffer_keeper`). The record keeps the last DELIVERED_KEPT acknowledgements."""
         return [k for t, k in self._delivered if t >= wall_time]
 
     async def close(self) -> None:

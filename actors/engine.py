@@ -81,7 +81,7 @@ class EngineSpec:
         settings come from `rollout.engine`; "auto" settings the launch has not resolved (a config used
         directly, e.g. in a test) are decided for this process: GPUs when CUDA is available. The
         weight-sync backend is not among them: it depends on the learner's GPUs too, so only the launch
-        resolves it (`launch.resources.resolve_auto`), and an engine with weight transfer refuses "auto".
+        resolves it (`launch.planning.resources.resolve_auto`), and an engine with weight transfer refuses "auto".
         Prefix caching is off when `weight_sync.clear_cache` is false: pushes then leave the cache in place,
         and a cached prefix would serve later requests under weights any number of versions old.
         """
@@ -146,7 +146,7 @@ class EngineSpec:
         if self.weight_transfer:
             if self.weight_backend == "auto":
                 raise ValueError("weight_sync.backend is still 'auto': resolve the run config first "
-                                 "(launch.resources.resolve_auto decides gloo or nccl)")
+                                 "(launch.planning.resources.resolve_auto decides gloo or nccl)")
             from weightsync.receiver import engine_args_kwargs
 
             kw.update(engine_args_kwargs(self.weight_backend))

@@ -20,7 +20,7 @@ Why a fork is sound here:
     only by the driver's 30 s health-check deadline instead of at once as dead. The child therefore
     points every inherited socket at /dev/null before vLLM's code runs (the engine core opens its own
     ZMQ sockets after that; the rest of what it inherits, pipes included, it keeps). When the actor
-    dies, Ray kills the worker's process group, engine core included (`launch.processes`; the
+    dies, Ray kills the worker's process group, engine core included (`launch.processes.process_graph`; the
     actor-restart end-to-end test kills an actor and checks both).
   - The actor has run no torch operator before the fork (it has imported modules and loaded the
     tokenizer), so no OpenMP thread pool exists to be lost in the child.
@@ -33,7 +33,7 @@ in ``ps``).
 
 The way back: ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in the environment keeps vLLM's spawn (for a platform
 whose OpenMP or a vLLM release that does not survive the fork). Deviation from vLLM: while an engine starts,
-`vllm.v1.engine.utils.get_mp_context` (vLLM 0.32, the release `launch.versions` checks) answers with the
+`vllm.v1.engine.utils.get_mp_context` (vLLM 0.32, the release `launch.doctor.versions` checks) answers with the
 fork context below.
 """
 

@@ -1,7 +1,7 @@
 """LUFFY on the actor side: which rows of a group are demonstration-guided, and their engine prompts.
 
 Why here and not in the buffer: only the actor can generate the on-policy continuation of
-prompt + demonstration prefix. The ratios come from `algos.luffy_prefix` (REFERENCE_NOTES §4.2), so
+prompt + demonstration prefix. The ratios come from `algos.luffy.prefix` (REFERENCE_NOTES §4.2), so
 actor and reference agree on strategies and prefix lengths:
   - rho = 0: an ordinary on-policy row (all rows with rho 0 share one request with n = their count);
   - rho = 1: the whole demonstration (+eos) is the row and nothing is generated; the actor only
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from algos.luffy_prefix import guided_prompt, prefix_ratios_from_cfg
+from algos.luffy.prefix import guided_prompt, prefix_ratios_from_cfg
 
 
 @dataclass
@@ -29,7 +29,7 @@ class GroupPlan:
 
 
 def plan_group(luffy_cfg, n: int, step: int, rng) -> GroupPlan:
-    """Prefix ratios for one group (`algos.luffy_prefix.prefix_ratios_from_cfg`) split into kinds."""
+    """Prefix ratios for one group (`algos.luffy.prefix.prefix_ratios_from_cfg`) split into kinds."""
     ratios = prefix_ratios_from_cfg(luffy_cfg, n, step, rng)
     guided = [r for r in ratios if 0.0 < r < 1.0]
     return GroupPlan(on_policy=sum(r == 0.0 for r in ratios), demo_rows=sum(r >= 1.0 for r in ratios),

@@ -11,10 +11,10 @@ shuffled with a seed of (seed, actor, epoch), so the order is a function of thos
 
 A restarted actor (or every actor of a resumed run) takes over its shard by walking it from the top
 in that same order with `skip` = every (epoch, prompt) the driver's ledger accounts for (trained,
-discarded by the buffer, or held by it: `launch.ledger`): what its predecessor had in flight or
+discarded by the buffer, or held by it: `launch.state.ledger`): what its predecessor had in flight or
 undelivered is not in that set and so is generated again, and nothing in it is generated twice. The
 walk past settled epochs is set lookups only. `requeue` serves given keys first (prompts a dead
-buffer lost, `launch.buffer_keeper`).
+buffer lost, `launch.state.buffer_keeper`).
 """
 
 from __future__ import annotations

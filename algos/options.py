@@ -23,7 +23,7 @@ def option(default: Any, description: str, **checks: Any) -> Any:
 
 def function_name(value: str | None, key: str, names: tuple[str, ...]) -> str | None:
     """`value` if it is one of `names`, ``module:function`` or ``path/to/file.py:function`` (a relative file
-    made absolute against the current directory, as launch.storage does for path keys); else one error."""
+    made absolute against the current directory, as launch.state.storage does for path keys); else one error."""
     if value is None or value in names:
         return value
     where, sep, attr = value.rpartition(":")

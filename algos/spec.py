@@ -8,10 +8,10 @@ The learner is algorithm-blind. For every optimiser step it
      `spec.losses`, skipping components whose weight is 0.
 The config side reads the rest of the spec: its `options` (the `cfg.<name>` section), its own rules
 (`validate`), the files it loads (`files`, `path_keys`) and its capabilities. None of that needs
-torch, so the spec names its maths by reference (`maths="algos.grpo:GRPO"`, imported on first use) and
+torch, so the spec names its maths by reference (`maths="algos.grpo.maths:GRPO"`, imported on first use) and
 `configs` validates a run without importing torch.
 
-Discovery: every module `algos/*_options.py` is imported the first time the registry is read, and its
+Discovery: every module `algos/<name>/options.py` is imported the first time the registry is read, and its
 `register(...)` calls fill it (docs/algorithms.md, "Adding an algorithm"). Nothing else in the code base
 branches on an algorithm name.
 
@@ -22,10 +22,10 @@ attributes it reads.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from algos.batch import LossContext, LossTerm, StepBatch
 
 PROX = "old_logprobs"  # a `requires` name: the advantage or a provider reads π_prox before any update
-OPTIONS_SUFFIX = "_options"  # algos/<name>_options.py: an algorithm's options, rules and registration
+OPTIONS_MODULE = "options"  # algos/<name>/options.py: an algorithm's options, rules and registration
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,10 @@ class AlgoSpec:
     # The algorithm's own configuration rules: yields "dotted.key: what is wrong — how to fix" for cfg
     # (RunConfig.problems adds them to the rules every algorithm shares, before anything starts).
     validate: Callable[[Any], Iterable[str]] = lambda cfg: ()
-    # Files and plugins the run will load, checked before start (`launch.preflight`): (dotted key, kind)
+    # Files and plugins the run will load, checked before start (`launch.prep.preflight`): (dotted key, kind)
     # with kind "hf_dir" (an HF model directory) or "function" (module:function or file.py:function).
     files: Callable[[Any], Iterable[tuple[str, str]]] = lambda cfg: ()
-    # Dotted keys of its options that hold filesystem paths (made absolute at launch, `launch.storage`).
+    # Dotted keys of its options that hold filesystem paths (made absolute at launch, `launch.state.storage`).
     path_keys: tuple[str, ...] = ()
 
     def _maths(self) -> Maths:
@@ -131,8 +131,9 @@ def names() -> list[str]:
 
 
 def _discover() -> None:
-    """Import every `algos/*_options.py` module (each once: a module registers its specs when imported)."""
+    """Import every `algos/<name>/options.py` module (each once: a module registers its specs when
+    imported). An algorithm's folder needs no `__init__.py` to be found."""
     package = sys.modules[__package__]
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name.endswith(OPTIONS_SUFFIX):
-            importlib.import_module(f"{__package__}.{module.name}")
+    for folder in package.__path__:
+        for options in sorted(Path(folder).glob(f"*/{OPTIONS_MODULE}.py")):
+            importlib.import_module(f"{__package__}.{options.parent.name}.{OPTIONS_MODULE}")

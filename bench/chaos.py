@@ -16,7 +16,7 @@ What it measures (the report, and a section appended to bench/RESULTS.md):
 - restarts per role, from the run's own console lines ("[actor] actor i ... restarted as",
   "[buffer] the buffer process ... restarted as", "[learner] ... restart k of N") and config.yaml's
   `resumed` record, beside the kills that caused them;
-- prompts lost or trained twice, from the final checkpoint's prompt ledger (`launch.ledger`: every
+- prompts lost or trained twice, from the final checkpoint's prompt ledger (`launch.state.ledger`: every
   (epoch, prompt) trained, with its step, and those the buffer discarded) and its buffer snapshot (the
   groups held), against a re-walk of each actor's shard made here from the data and the config (the
   actors' documented order, `actors/prompts.py`: actor a of N owns prompts a, a+N, ...; each epoch over
@@ -180,7 +180,7 @@ class Monkey(threading.Thread):
 
 
 def _session(roles: dict) -> int | None:
-    """The run's session: the driver's (launch.supervisor starts the run in a session of its own)."""
+    """The run's session: the driver's (launch.commands.supervisor starts the run in a session of its own)."""
     try:
         return os.getsid(int(roles["driver"]["pid"]))
     except (KeyError, ValueError, OSError):
@@ -202,7 +202,7 @@ def held_keys(snapshot: Path) -> list[Key]:
 def train_prompts(cfg, tokenizer_dir: Path) -> list[int]:
     """prompt_index of every training prompt the run's actors share out (over-long ones are skipped)."""
     from actors.prompts import items_from_records, load_tokenizer
-    from launch.data import load_prompt_records
+    from launch.prep.data import load_prompt_records
 
     records, _ = load_prompt_records(cfg)
     items, _ = items_from_records(records, load_tokenizer(str(tokenizer_dir)), cfg.data.max_prompt_tokens)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 ROLES = (("engine", "VLLM::EngineCore"), ("learner", "ray::LearnerRank"), ("actor", "ray::ActorRole"),
-         ("buffer", "multiprocessing.spawn"), ("driver", "launch.supervisor"))
+         ("buffer", "multiprocessing.spawn"), ("driver", "launch.commands.supervisor"))
 
 
 def role_of(cmdline: str) -> str:

@@ -48,7 +48,7 @@ def main() -> int:
     from actors.engine import EngineSpec
     from actors.prompts import items_from_records, load_tokenizer
     from configs.loading import resolve
-    from launch.model_prep import prepare_model
+    from launch.prep.model_prep import prepare_model
     from tasks import problem_records, sample_problems
 
     cfg = resolve("grpo")

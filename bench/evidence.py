@@ -137,11 +137,11 @@ def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
 
 
 def warm_model(study: Study, seed: int) -> list[str]:
-    """`model.path=` the study's warm start for `seed` (built and cached by `launch.model_prep` if missing)."""
+    """`model.path=` the study's warm start for `seed` (built and cached by `launch.prep.model_prep` if missing)."""
     if study.warm_start is None:
         return []
     from configs.loading import resolve
-    from launch.model_prep import prepare_model
+    from launch.prep.model_prep import prepare_model
 
     cfg = resolve("grpo", overrides=[*study.warm_start, f"seed={seed}"])
     return [f"model.path={prepare_model(cfg, log=log).resolve()}"]

@@ -87,7 +87,7 @@ def budget(cfg, samples: int) -> dict:
     if cfg.algo == "luffy":  # demonstration rows: guided rows whose prefix ratio is 1 (nothing generated)
         import random
 
-        from algos.luffy_prefix import prefix_ratios_from_cfg
+        from algos.luffy.prefix import prefix_ratios_from_cfg
 
         rng = random.Random(0)
         draws = [prefix_ratios_from_cfg(cfg.luffy, cfg.rollout.n, 0, rng) for _ in range(64)]

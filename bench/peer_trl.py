@@ -60,7 +60,7 @@ from bench.runs import (  # noqa: E402
 )
 
 MATCHED = [
-    "the warm model: the same cached SFT-warmed tiny Llama directory (`launch.model_prep.prepare_model` of our "
+    "the warm model: the same cached SFT-warmed tiny Llama directory (`launch.prep.model_prep.prepare_model` of our "
     "run's config), float32 in the trainers and in the vLLM engines (TRL's engine is given the run's dtype: "
     "vLLM's `auto` would run the float32 checkpoint in bfloat16)",
     "training prompts (the synthetic arithmetic set, same seed) and the 200 held-out prompts",

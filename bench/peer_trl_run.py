@@ -4,8 +4,8 @@ a subprocess; needs the `bench` extra (TRL, accelerate, datasets; the install li
 bench/peer_trl.py).
 
 Everything is taken from the reference run's resolved config.yaml (not restated here): the warm
-model (`launch.model_prep.prepare_model`: the cached SFT-warmed tiny model, built if missing), the
-training and held-out prompts (`launch.data.load_prompt_records`), the chat template (the model's
+model (`launch.prep.model_prep.prepare_model`: the cached SFT-warmed tiny model, built if missing), the
+training and held-out prompts (`launch.prep.data.load_prompt_records`), the chat template (the model's
 tokenizer; checked to give the same prompt ids as our actors' `encode_prompt`), the reward
 (`tasks.rewards.scorer_for`), group size, prompts per step, sampling, response limit, clip, KL, and
 AdamW with our exact LR schedule (`learner.optim.lr_at`, passed to TRL as a LambdaLR: HF's own
@@ -21,7 +21,7 @@ HF-layout tensors but the CPU backend has repacked its linear layers after loadi
 handles), so generation would keep the old weights (or fail). The adapter wraps TRL's own
 `sync_weights` in vLLM's layerwise reload (`initialize_layerwise_reload` before, `finalize_layerwise_reload`
 after, then re-processing the layers tied to the embedding) -- the lifecycle our gloo engine uses
-(weightsync/gloo_engine.py). TRL's files are not changed; the wrapper is set on the trainer's instance.
+(weightsync/gloo/engine.py). TRL's files are not changed; the wrapper is set on the trainer's instance.
 
 THE ENGINE'S DTYPE AND THREADS: TRL passes no dtype to its colocated `LLM(...)`, and vLLM's "auto" downcasts a
 float32 checkpoint to bfloat16 -- not the float32 model both sides are meant to run (TRL's greedy step-0
@@ -60,7 +60,7 @@ def layerwise_weight_sync(vllm_generation) -> None:
         return
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-    from weightsync.gloo_engine import _tied_layers
+    from weightsync.gloo.engine import _tied_layers
 
     original = vllm_generation.sync_weights
 
@@ -155,8 +155,8 @@ def main(argv=None) -> int:
     import torch
 
     from configs.loading import resolve_saved
-    from launch.data import load_prompt_records
-    from launch.model_prep import prepare_model
+    from launch.prep.data import load_prompt_records
+    from launch.prep.model_prep import prepare_model
     from tasks.rewards import scorer_for
 
     cfg = resolve_saved(args.config)

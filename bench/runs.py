@@ -1,7 +1,7 @@
 """What the end-to-end benchmarks share (`bench/staleness.py`, `bench/learning.py`): running a real
 `algo-train` as a subprocess, reading its `metrics.jsonl`, and the arithmetic both reports rest on.
 
-Timing model of one run (launch/driver.py): every training row k carries `time/wall_s`, the seconds
+Timing model of one run (launch/loop/driver.py): every training row k carries `time/wall_s`, the seconds
 since the training loop started, read right after step k's weight push. The driver evaluates *after*
 reading that clock, so an evaluation at step k lies inside the interval (wall_s[k-1], wall_s[k+1]]
 of row k+1 — the same interval `throughput/samples_per_s` of row k+1 covers. Rows written before
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from launch.metrics import read_metrics  # noqa: E402
+from launch.loop.metrics import read_metrics  # noqa: E402
 
 Row = dict
 # algo-train's own progress lines (plain mode) and anything that looks like a failure; the rest of a run's

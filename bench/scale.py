@@ -3,7 +3,7 @@ processes whose vLLM generation is replaced by a timer. No engine, no learner, n
 
 What is real:
   - the buffer service process (`buffer.service`: admission, FIFO, staleness drops);
-  - the driver side: one `BufferClient` pulling batches of B groups, then (like `launch.driver`) the weight
+  - the driver side: one `BufferClient` pulling batches of B groups, then (like `launch.loop.driver`) the weight
     push and `set_version` (whose reply carries the buffer's stats) every step;
   - in each of N forked actor processes the production actor (`actors.core.AsyncActor`): credit requests,
     the width-bounded admit loop, the `Outbox` and its re-sends, the reconnecting `BufferLink`s.

@@ -1,13 +1,13 @@
 """How much asynchrony buys: sweep `buffer.max_staleness` K over real `algo-train` runs.
 
 For each seed and each K (default K ∈ {0, 1, 2, 4}; `auto` = `buffer.max_staleness: auto`, the run
-chooses K itself: launch/staleness_auto.py) one real run: 2 vLLM actors, the buffer process,
+chooses K itself: launch/loop/staleness_auto.py) one real run: 2 vLLM actors, the buffer process,
 the learner and weight sync, the same seed, the same number of optimiser steps and the same evaluation
 schedule. Every step consumes exactly `learner.batch_prompts × rollout.n` samples whatever K is, so
 the same step means the same sample budget. K = 0 is the synchronous baseline: actors start work only
 at the learner's current version and only one batch's worth, so generation and training alternate.
 
-Placement (launch/placement.py, applied by launch/graph.py on a CPU machine without --ray-address): the
+Placement (launch/planning/placement.py, applied by launch/loop/graph.py on a CPU machine without --ray-address): the
 learner rank takes whole cores from the top (on a 2-core box core 1: `sched_setaffinity` + one torch
 thread); the actor engines are not pinned, so they use what the learner leaves idle. (Results recorded before 2026-11-26 had the two 0.5-CPU engines
 sharing core 0.) The driver, the buffer process and Ray are not pinned. The script prints the plan for
@@ -308,7 +308,7 @@ def render(args: argparse.Namespace, records: list[dict], summaries: list[dict],
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from configs.loading import ConfigError, resolve
-    from launch.placement import plan_rank_cores
+    from launch.planning.placement import plan_rank_cores
 
     try:  # every configuration validates before anything starts
         cfgs = {(k, s): resolve(args.algo, overrides=overrides_for(args, k, s)) for s in args.seeds for k in args.ks}

@@ -5,7 +5,7 @@ Cases (one JSON line each, plus one line describing the machine):
   tiny          the embedded tiny Llama (fp32, 1.7 MB), received by 2 real vLLM engines (our "gloo"
                 transfer engine, full pause/start/update/finish/resume cycle)
   qwen05b       a randomly initialised Qwen2-0.5B-shaped model (bf16, 0.99 GB), received by 2 plain
-                gloo receiver processes (weightsync.plain_receiver: same framing, unpacking and acks;
+                gloo receiver processes (weightsync.gloo.plain_receiver: same framing, unpacking and acks;
                 copies into a dict where vLLM would run load_weights)
   qwen05b-vllm  the same model received by 2 real vLLM engines (~4 GB RSS each; slow to start)
 Each push is timed end to end (announce -> every receiver acknowledged the loaded version); the bare
@@ -123,7 +123,7 @@ def start_receivers(kind: str, address: tuple[str, int], model_dir: str | None, 
                    model_dir, dtype]
             stdout = subprocess.DEVNULL
         else:
-            cmd = [sys.executable, "-m", "weightsync.plain_receiver", "--host", address[0], "--port",
+            cmd = [sys.executable, "-m", "weightsync.gloo.plain_receiver", "--host", address[0], "--port",
                    str(address[1]), "--name", f"plain-{i}", "--pushes", "1000000"]
             stdout = subprocess.DEVNULL
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=stdout,

@@ -20,7 +20,7 @@ import numpy as np
 
 DEMO_VERSION = -1  # version stamped on demonstration (off-policy) tokens
 
-Key = tuple[int, int]  # (epoch, prompt_index): the key of the driver's prompt ledger (`launch.ledger`)
+Key = tuple[int, int]  # (epoch, prompt_index): the key of the driver's prompt ledger (`launch.state.ledger`)
 
 
 def prompt_key(meta: dict, prompt_index: int) -> Key:

@@ -137,4 +137,4 @@ def restore_snapshot(core: BufferCore, path: str, exclude: Iterable = ()) -> dic
         core.seen.setdefault(gid, True)
     core.ledger.clear()
     return {"version": version, "groups": len(kept), "excluded": len(groups) - len(kept), "demos": len(demos),
-            "counts": dict(counts)}  # the counters the restored buffer goes on from (launch.buffer_keeper)
+            "counts": dict(counts)}  # the counters the restored buffer goes on from (launch.state.buffer_keeper)

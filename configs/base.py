@@ -52,4 +52,4 @@ def _auto_or_count(value):
 
 
 AutoCount = Annotated[float | Literal["auto"], BeforeValidator(_auto_or_count)]
-"""A resource count that `launch.cluster.ClusterInfo.resolve` turns into a number at launch."""
+"""A resource count that `launch.planning.cluster.ClusterInfo.resolve` turns into a number at launch."""

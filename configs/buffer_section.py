@@ -19,7 +19,7 @@ class BufferConfig(Section):
                              f"trained on; 0 = synchronous; auto = start at {AUTO_START} with max_staleness_auto")
     max_staleness_auto: bool = Field(
         False, description="raise K while the learner waits for data: from the wait and step times it measures "
-                           "(launch/staleness_auto.py), every few steps, never lowering it, up to max_staleness_cap; "
+                           "(launch/loop/staleness_auto.py), every few steps, never lowering it, up to max_staleness_cap; "
                            "max_staleness is where K starts")
     max_staleness_cap: int = Field(4, ge=0, description="versions: the largest K max_staleness_auto may choose")
     capacity_groups: int = Field(256, gt=0, description="groups (prompts) the buffer holds before back-pressure")

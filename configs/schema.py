@@ -53,7 +53,7 @@ class _SharedConfig(Section):
                              "(0 = it stops and prints the --resume command)")
     resumed: list[ResumeRecord] = Field(
         [], description="each resume of this run: the step it resumed at and the keys it changed (written by "
-                        "--resume; see launch.rundir.RESUME_SAFE for the keys a resume may change)")
+                        "--resume; see launch.state.rundir.RESUME_SAFE for the keys a resume may change)")
     model: ModelConfig = Field(ModelConfig(), description="the policy model")
     data: DataConfig = Field(DataConfig(), description="prompts, held-out split and demonstrations")
     reward: RewardConfig = Field(RewardConfig(), description="the outcome reward and its time limit")

@@ -1,6 +1,6 @@
 """Which checkpoint directories count: a `step_<N>` directory holding the COMMITTED marker, which
 `learner.checkpoint.commit` writes last. The one statement of that rule, torch-free, so a launcher
-that only asks "how far did this run get" (`launch.rundir`) answers without importing torch."""
+that only asks "how far did this run get" (`launch.state.rundir`) answers without importing torch."""
 
 from __future__ import annotations
 

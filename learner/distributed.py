@@ -2,7 +2,7 @@
 
 - `init_distributed`: gloo on CPU, NCCL on GPU; a world of one gets a private TCP store on a free
   port, so a single process needs no launcher. Several ranks meet at the address rank 0 chose on
-  its own node (`free_port` on the host it advertises; see `launch.roles.LearnerRank`).
+  its own node (`free_port` on the host it advertises; see `launch.processes.roles.LearnerRank`).
 - `gather_rows`: every rank computes model outputs (π_prox, reference, PRM) for its own rows only;
   the advantage needs them for the whole step, so they are all-gathered into the global row order.
 - `reduce_weighted`: metrics of micro-batches on all ranks → one weighted mean per key.
@@ -66,7 +66,7 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
             init_method = f"tcp://{LOOPBACK}:{free_port()}"
         else:
             raise RuntimeError("world_size > 1 needs MASTER_ADDR/MASTER_PORT or an init_method "
-                               "(set by whatever starts the ranks, e.g. launch.roles.LearnerRank)")
+                               "(set by whatever starts the ranks, e.g. launch.processes.roles.LearnerRank)")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)

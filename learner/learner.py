@@ -130,11 +130,11 @@ class Learner:
         `learner.epochs` times: mini_batches × epochs optimiser steps, all against the π_prox and
         advantages computed once, before the first of them. version: the version of the weights this
         step starts from (they compute π_prox; staleness is measured against it). The learner keeps no
-        version: the driver owns it (`launch.position`), and the weights this step leaves are its
+        version: the driver owns it (`launch.state.position`), and the weights this step leaves are its
         version + 1 (a version is a learner step, one weight push, however many optimiser steps it
         takes). Metrics of the optimiser steps are averaged over them; "optim/steps" counts optimiser
         steps taken so far (the LR schedule's clock). The keys are the learner's only (docs/metrics.md):
-        the driver adds its own, and a key both wrote would be refused (`launch.metrics.merge_rows`).
+        the driver adds its own, and a key both wrote would be refused (`launch.loop.metrics.merge_rows`).
         """
         t0 = time.perf_counter()
         cfg, spec = self.cfg, self.spec

@@ -7,8 +7,8 @@ own AdamW (`prime.prm_lr`, betas (0.9, 0.999), no weight decay, constant LR, gra
 whatever the micro-batch split and world size (each micro-batch adds its rows' sum divided by that
 global count), with q = log π_φ − log π_ref, π_ref = the frozen initial policy (`prime.ref = freeze`) or
 the batch's π_prox (`prime.ref = policy`), v_i = the verifier reward clamped to [0, 1]:
-  ce               ℓ_i = BCE(σ(β Σ_t q_{i,t} M_{i,t}), v_i), w_i = 1 (`algos.prime_prm.prm_ce_loss`).
-  dpo, bon_acc,    PRIME-verl's detached DPO (`algos.prime_prm.prm_detach_dpo_loss`, bon_mode none /
+  ce               ℓ_i = BCE(σ(β Σ_t q_{i,t} M_{i,t}), v_i), w_i = 1 (`algos.prime.prm.prm_ce_loss`).
+  dpo, bon_acc,    PRIME-verl's detached DPO (`algos.prime.prm.prm_detach_dpo_loss`, bon_mode none /
   bon_rm           bon_acc / bon_rm): a no-grad forward of π_φ *before* the update gives every row's
                    Q_bc = Σ_t q_t M_t; each row's group members' Q_bc and v (`group_members`; ranks hold
                    whole groups) are the detached targets of the grad forward (PRIME-verl update=reverse;
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from algos.prime_prm import DETACH_BON_MODES, group_members, prm_ce_loss, prm_detach_dpo_loss
+from algos.prime.prm import DETACH_BON_MODES, group_members, prm_ce_loss, prm_detach_dpo_loss
 from learner.checkpoint import load_sharded, save_sharded, write_json
 from learner.distributed import all_reduce_sum
 from learner.optim import make_adamw, optimizer_step
@@ -42,7 +42,7 @@ from learner.provider_base import ModelHost, Provider, ProviderContext, run_scor
 
 class ImplicitPRM(Provider):
     """The "prime_q" provider (module docstring). `prime.update`, `prime.ref` and `prime.prm_loss` take the
-    values `algos.prime_options` declares (the config refuses any other)."""
+    values `algos.prime.options` declares (the config refuses any other)."""
 
     def __init__(self, host: ModelHost):
         pc = host.cfg.prime

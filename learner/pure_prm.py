@@ -15,7 +15,7 @@ the final token, which always ends a step); `step_spans` are (start, end) charac
     the PRM tokenizes the prompt and each step itself (any PRM tokenizer works), and a step's removed
     end is the "\\n\\n" separator text rather than the step's last token (the final eos is not text,
     so the final step loses nothing; a response cut off mid-step keeps its last character).
-The provider decodes every response token by token, splits steps with `algos.pure_steps.step_spans`
+The provider decodes every response token by token, splits steps with `algos.pure.steps.step_spans`
 (a step ends where its text first ends with "\\n\\n", plus the final token), scores them, and writes
 extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere).
 Each rank scores only its own rows (`ProviderContext.local`, once per learner step, all of them in
@@ -36,7 +36,7 @@ from typing import Protocol
 
 import torch
 
-from algos.pure_steps import SEPARATOR, scores_from_logits, step_spans
+from algos.pure.steps import SEPARATOR, scores_from_logits, step_spans
 from learner.provider_base import ModelHost, Provider, ProviderContext
 
 
@@ -143,7 +143,7 @@ class HFTokenClassificationPRM:
 def make_prm(cfg, device: torch.device, dtype: torch.dtype = torch.float32) -> ProcessRewardModel:
     """The PRM named by cfg.pure.prm: "rule", "hf" with cfg.pure.prm_path (loaded in `dtype` on `device`,
     scoring `learner.micro_batch_samples` rows per forward; the config guarantees the path,
-    `algos.pure_options.pure_problems`), or a step-scoring function."""
+    `algos.pure.options.pure_problems`), or a step-scoring function."""
     pc = cfg.pure
     if pc.prm == "rule":
         return RuleStepChecker()
@@ -231,7 +231,7 @@ def step_ends(spans: Sequence[tuple[int, int]], raw: Sequence[float | None]) -> 
     final = spans[-1][1] - 1
     if not kept:  # nothing but whitespace: one step without a claim
         return [final], [0.0]
-    # The final token always ends a step (algos.pure.check_step_ends): an ignored (empty) last step
+    # The final token always ends a step (algos.pure.maths.check_step_ends): an ignored (empty) last step
     # folds into the step before it, whose end moves to the final token.
     kept[-1] = (final, kept[-1][1])
     return [p for p, _ in kept], [s for _, s in kept]

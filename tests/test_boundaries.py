@@ -3,6 +3,8 @@
 - `algos/` imports only torch, the standard library and itself.
 - `vllm` is imported only in `actors/` and `weightsync/` (tests and benchmarks may use it).
 - no pickle on the data paths (actors, buffer, learner, weightsync): the wire format is msgpack only.
+- inside `launch/`, `weightsync/` and `algos/`, imports between sub-packages go one way (`LAYERS`), and no
+  folder of the package holds more than 15 modules directly.
 """
 
 import ast
@@ -55,3 +57,90 @@ def test_checker_sees_violations(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import numpy as np\nfrom vllm import LLM\nfrom . import x\n")
     assert imports_of(f) == [(1, "numpy"), (2, "vllm")]
+
+
+# The rooms of a package, top to bottom: a module may import its own room or one below it. "*" is the
+# modules directly in the package's folder; ALGORITHM stands for every algorithm's folder, which are peers
+# (none may import another). Each sub-package's `__init__` docstring says the same in words.
+ALGORITHM = "<an algorithm's folder>"
+LAYERS = {
+    "launch": ["*", "doctor", "commands", "loop", "state", "processes", "prep", "planning"],
+    "weightsync": ["nccl", "gloo", "*"],
+    "algos": [ALGORITHM, "*"],
+}
+MAX_MODULES = 15
+
+
+def room_of(pkg_dir: Path, parts: list[str]) -> str:
+    """The room of `pkg_dir`'s module at relative path `parts` (or of the import target `pkg.<parts>`)."""
+    return parts[0] if parts and (pkg_dir / parts[0]).is_dir() else "*"
+
+
+def upward_imports(pkg: str, root: Path = ROOT, layers: list[str] | None = None) -> list[str]:
+    """Every import in `root/pkg` that goes up `layers` (or sideways between peer rooms)."""
+    layers = layers or LAYERS[pkg]
+    pkg_dir = root / pkg
+
+    def rank(room: str) -> int:
+        return layers.index(room) if room in layers else layers.index(ALGORITHM)
+
+    bad = []
+    for path in sorted(pkg_dir.rglob("*.py")):
+        src = room_of(pkg_dir, list(path.relative_to(pkg_dir).parts))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name.split(".")[1:] for a in node.names if a.name.startswith(pkg + ".")]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module == pkg:
+                    targets = [[a.name] for a in node.names]
+                elif node.module.startswith(pkg + "."):
+                    targets = [node.module.split(".")[1:]]
+                else:
+                    continue
+            else:
+                continue
+            for parts in targets:
+                dst = room_of(pkg_dir, parts)
+                if dst != src and rank(dst) <= rank(src):
+                    bad.append(f"{path.relative_to(root)}:{node.lineno} ({src}) imports {pkg}.{'.'.join(parts)} ({dst})")
+    return bad
+
+
+@pytest.mark.parametrize("pkg", sorted(LAYERS))
+def test_imports_between_rooms_go_one_way(pkg):
+    bad = upward_imports(pkg)
+    assert not bad, f"{pkg}/: imports against the order {LAYERS[pkg]} (top to bottom):\n" + "\n".join(bad)
+
+
+def test_rooms_are_listed():
+    # A new sub-package must take its place in LAYERS (and say in its __init__ what it owns).
+    for pkg, layers in LAYERS.items():
+        folders = {p.name for p in (ROOT / pkg).iterdir() if p.is_dir() and any(p.glob("*.py"))}
+        unlisted = folders - set(layers) if ALGORITHM not in layers else set()
+        assert not unlisted, f"{pkg}/: place {sorted(unlisted)} in tests/test_boundaries.py LAYERS"
+        for folder in folders:
+            doc = ast.get_docstring(ast.parse((ROOT / pkg / folder / "__init__.py").read_text()))
+            assert doc, f"{pkg}/{folder}/__init__.py needs a docstring: what it owns and what it may import"
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_no_folder_holds_more_than_15_modules(pkg):
+    crowded = {str(d.relative_to(ROOT)): n for d in [ROOT / pkg, *(p for p in (ROOT / pkg).rglob("*") if p.is_dir())]
+               if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > MAX_MODULES}
+    assert not crowded, f"group these modules into sub-packages by concern (at most {MAX_MODULES}): {crowded}"
+
+
+def test_order_checker_sees_an_upward_import(tmp_path):
+    # planning (bottom) importing the loop (above it), and one algorithm importing another, are caught;
+    # the same imports the other way round are not.
+    for rel, code in {"launch/cli.py": "from launch.loop import driver\n",
+                      "launch/loop/driver.py": "from launch.planning.cluster import ClusterInfo\n",
+                      "launch/planning/cluster.py": "import launch.loop.driver\n",
+                      "algos/spec.py": "",
+                      "algos/grpo/maths.py": "from algos import spec\nfrom algos.pure import steps\n",
+                      "algos/pure/steps.py": "from algos.spec import get\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(code)
+    assert upward_imports("launch", tmp_path) == [
+        "launch/planning/cluster.py:1 (planning) imports launch.loop.driver (loop)"]
+    assert upward_imports("algos", tmp_path) == ["algos/grpo/maths.py:2 (grpo) imports algos.pure (pure)"]

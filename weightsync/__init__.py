@@ -2,8 +2,8 @@
 
 Learner side (torch only, safe to import without vllm): ``WeightSender``, ``full_named_tensors``,
 ``drain``, ``WeightSyncError``. Actor side (imports vllm lazily): ``weightsync.receiver.WeightReceiver``
-and the vLLM engines of the backends in ``weightsync.backends`` (gloo: ``weightsync.gloo_engine``,
-nccl: ``weightsync.nccl_engine``), registered with vLLM by the ``vllm.general_plugins`` entry point
+and the vLLM engines of the backends in ``weightsync.backends`` (gloo: ``weightsync.gloo.engine``,
+nccl: ``weightsync.nccl.engine``), registered with vLLM by the ``vllm.general_plugins`` entry point
 ``weightsync.plugin:register``. Imports are lazy, so ``weightsync.backends`` (the backend names) is
 read without importing torch.
 """

@@ -7,7 +7,7 @@ choices from ``names()`` (as it takes the ``--algo`` choices from ``algos.regist
 by import path and imported only on use: ``plane_class`` on the learner, ``engine_backend`` when an
 actor builds its engine, and ``weightsync.plugin`` registers every ``engine`` with vLLM's
 ``WeightTransferEngineFactory`` inside vLLM's own processes. The "auto" choice is not a backend: the
-launcher resolves it to one of these (``launch.resources.resolve_auto``) before anything starts.
+launcher resolves it to one of these (``launch.planning.resources.resolve_auto``) before anything starts.
 
 Adding a backend: a plane class with a ``for_sender(weightsync.plane.PlaneContext)`` constructor, a
 vLLM engine class, and one ``register(Backend(...))`` line at the end of this module.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-GLOO_ENGINE_BACKEND = "gloo"  # vLLM backend name of weightsync.gloo_engine
-NCCL_ENGINE_BACKEND = "impala_nccl"  # vLLM backend name of weightsync.nccl_engine
+GLOO_ENGINE_BACKEND = "gloo"  # vLLM backend name of weightsync.gloo.engine
+NCCL_ENGINE_BACKEND = "impala_nccl"  # vLLM backend name of weightsync.nccl.engine
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def plane_class(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-register(Backend("gloo", "weightsync.plane:GlooPlane", GLOO_ENGINE_BACKEND,
-                 "weightsync.gloo_engine:GlooWeightTransferEngine"))
-register(Backend("nccl", "weightsync.nccl_plane:NcclPlane", NCCL_ENGINE_BACKEND,
-                 "weightsync.nccl_engine:ImpalaNcclWeightTransferEngine"))
+register(Backend("gloo", "weightsync.gloo.plane:GlooPlane", GLOO_ENGINE_BACKEND,
+                 "weightsync.gloo.engine:GlooWeightTransferEngine"))
+register(Backend("nccl", "weightsync.nccl.plane:NcclPlane", NCCL_ENGINE_BACKEND,
+                 "weightsync.nccl.engine:ImpalaNcclWeightTransferEngine"))

@@ -2,7 +2,7 @@
 
 Why a separate module: the learner must not import vllm, while the receiving end lives inside a
 vLLM worker. Both ends need the same store keys, the same admission and the same error, so those live
-here and nothing here imports vllm. The gloo group and its bucket framing are ``weightsync.gloo_group``;
+here and nothing here imports vllm. The gloo group and its bucket framing are ``weightsync.gloo.group``;
 heartbeats and the abort key's probe, ``weightsync.liveness``.
 
 Control plane: a ``torch.distributed.TCPStore`` hosted by the sender at ``(host, port)``, listening on
@@ -38,7 +38,7 @@ Group keys, under the public prefix ``group_prefix(token, nonce)`` (signed and s
                               on this one key instead of polling every receiver's (``outcome_counts``)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
-  weightsync/gloo/...         the gloo group's own rendezvous keys (``weightsync.gloo_group``)
+  weightsync/gloo/...         the gloo group's own rendezvous keys (``weightsync.gloo.group``)
 
 Who may join: the sender admits a peer only if its proof matches (HMAC-SHA256 with the run's
 ``RunSecrets.weight_sync_token``, bound to this sender's nonce and the peer's ticket, so a proof read

@@ -4,7 +4,7 @@ Why a helper: every actor must perform the same sequence, in the same order, for
 learner announces, and must never leave its engine paused:
 
     pause_generation(mode="keep")      in-flight requests are frozen, not aborted
-    start_weight_update()              the transfer engine prepares (ours, weightsync.gloo_engine: a reload)
+    start_weight_update()              the transfer engine prepares (ours, weightsync.gloo.engine: a reload)
     update_weights({version, seq, ...}) the worker receives the push and loads it
     finish_weight_update(str(version)) reload finalised; the engine now reports the version
     resume_generation()                in ``finally``: also after a failure, but only once the
@@ -59,7 +59,7 @@ NO_VERSION = "none"  # the engine's weight-version label after a failed push: it
 def engine_args_kwargs(backend: str = "gloo") -> dict:
     """Extra ``AsyncEngineArgs`` keyword arguments that enable the transfer engine of the data plane
     ``backend`` (a resolved ``weight_sync.backend``, looked up in ``weightsync.backends``: "gloo" = our
-    ``weightsync.gloo_engine``, "nccl" = our ``weightsync.nccl_engine`` over vLLM's NCCL engines)."""
+    ``weightsync.gloo.engine``, "nccl" = our ``weightsync.nccl.engine`` over vLLM's NCCL engines)."""
     engine_backend = backends.get(backend).engine_backend  # ValueError for a name not registered
     from vllm.config.weight_transfer import WeightTransferConfig
 
@@ -191,8 +191,8 @@ class WeightReceiver:
 
     async def _serve_no_version(self) -> None:
         """After a failed or aborted push: the engine's weights are a mix of the old version, parts of the
-        new one and, on some paths, never-filled buffers (``weightsync.gloo_engine._abandon_reload``,
-        ``weightsync.nccl_engine``). Label them ``NO_VERSION`` (not an integer) until the next complete
+        new one and, on some paths, never-filled buffers (``weightsync.gloo.engine._abandon_reload``,
+        ``weightsync.nccl.engine``). Label them ``NO_VERSION`` (not an integer) until the next complete
         push relabels them: every token sampled meanwhile carries it, and ``actors.rows`` refuses rows
         holding such tokens (the actor drops and counts those groups). ``version`` becomes ``None``."""
         self.version = None

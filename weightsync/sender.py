@@ -7,7 +7,7 @@ Why it looks like this:
   plane (``weightsync.plane``) named by ``backend`` in ``weightsync.backends``: "gloo" by default (CPU,
   CI), "nccl" on GPUs, or a plane passed in.
 - The learner may not import vllm, so this module speaks only torch. The receiving end is a vLLM
-  weight-transfer engine (ours: ``weightsync.gloo_engine``), driven by ``weightsync.receiver``.
+  weight-transfer engine (ours: ``weightsync.gloo.engine``), driven by ``weightsync.receiver``.
 - A push is split in two so the learner need not idle while weights travel:
   ``prepare(named, version)`` consumes the iterable on the caller's thread (that iteration is the FSDP
   gather, a collective of every rank) and encodes it (dense, or a delta against what the receivers
@@ -120,7 +120,7 @@ class WeightSender:
     (``weightsync.signing``: forged values are refused and counted in ``forged``). ``port=0`` picks a
     free port (read it back from ``address``).
     ``backend``: the data plane when ``plane`` is not given, by its name in ``weightsync.backends``:
-    "gloo" (``GlooPlane``) or "nccl" (``weightsync.nccl_plane.NcclPlane`` over engines of ``tp`` workers
+    "gloo" (``GlooPlane``) or "nccl" (``weightsync.nccl.plane.NcclPlane`` over engines of ``tp`` workers
     each, TP × PP).
     ``timeout_s`` is the deadline of the broadcast (per bucket on the gloo plane) and of the
     acknowledgements. ``cast_dtype``: floating tensors are cast to it in ``prepare`` (None: sent as

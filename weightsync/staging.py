@@ -14,7 +14,7 @@ Stream rules (CUDA):
   does not hand its memory out again before the copy has read it. ``HostStager.done`` records an
   event after the last copy: ``Payload.ready``. Whoever reads the host tensors waits for that event
   (``Payload.wait_ready``: the staging copies only, never the whole device or the training stream).
-- Sending (``weightsync.nccl_plane``): a delta's patches are copied and broadcast on a "send" stream
+- Sending (``weightsync.nccl.plane``): a delta's patches are copied and broadcast on a "send" stream
   that waits for ``Payload.ready`` (an event wait, not a synchronisation of the default stream, on
   which rank 0 keeps training), then only that stream is synchronised. A new thread's current stream
   is the legacy default stream: NCCL kernels queued there would wait for (and delay) training.

@@ -30,7 +30,7 @@ def run_config(**sets):
     cfg.rollout.num_actors = 1
     cfg.data.max_prompt_tokens = MAX_PROMPT_TOKENS
     cfg.learner.batch_prompts = 4
-    cfg.weight_sync.backend = "gloo"  # what the launch resolves "auto" to on CPUs (launch.resources)
+    cfg.weight_sync.backend = "gloo"  # what the launch resolves "auto" to on CPUs (launch.planning.resources)
     for key, value in sets.items():
         *path, last = key.split("__")
         obj = cfg

@@ -1,6 +1,6 @@
 """LUFFY rows end to end: rho = 1 rows are attached by the buffer, 0 < rho < 1 rows are demonstration
 prefix (off-policy: prefix_mask, version -1, log mu 0) + a generated on-policy continuation. The actor
-takes each prompt's demonstration from its prompt items (`PromptItem.demo_ids`, as `launch.data` loads
+takes each prompt's demonstration from its prompt items (`PromptItem.demo_ids`, as `launch.prep.data` loads
 them), the buffer from `add_demos`."""
 
 from __future__ import annotations

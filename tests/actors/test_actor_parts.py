@@ -13,7 +13,7 @@ from actors.link import Backoff
 from actors.luffy import guided_request, plan_group, strip_eos
 from actors.prompts import PromptCursor, PromptItem, shard
 from actors.rows import RowError, prefix_only_sample, sampled_logprobs, versions_from_spans, with_prefix
-from algos.luffy_options import LuffyOptions as LuffyConfig
+from algos.luffy.options import LuffyOptions as LuffyConfig
 from buffer.records import Sample
 from configs.schema import RunConfig
 

@@ -90,7 +90,7 @@ def test_an_actor_killed_beside_its_forked_child_is_dead_to_ray_at_once_and_the_
     with pytest.raises(ray.exceptions.RayActorError):  # not GetTimeoutError: Ray saw the process go
         ray.get(actor.ping.remote(), timeout=60)
     assert time.monotonic() - t0 < 30
-    deadline = time.monotonic() + 30  # Ray kills the dead worker's process group (launch.processes)
+    deadline = time.monotonic() + 30  # Ray kills the dead worker's process group (launch.processes.process_graph)
     while time.monotonic() < deadline and os.path.exists(f"/proc/{child}"):
         time.sleep(0.2)
     assert not os.path.exists(f"/proc/{child}"), "the forked child outlived its actor"

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launch.evaluate_cmd import build_parser, eval_config, evaluate
+from launch.commands.evaluate import build_parser, eval_config, evaluate
 from tasks.arithmetic import sample_problems
 
 # The plugin ignores the response, so each prompt's c is K or 0 whatever the tiny model writes, and the

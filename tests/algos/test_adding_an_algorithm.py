@@ -63,7 +63,8 @@ def test_the_documented_procedure_adds_an_algorithm(tmp_path):
     tree = tmp_path / "src"
     for package in ("algos", "configs"):
         shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
-    (tree / "algos" / "toy_options.py").write_text(_block(doc, "# algos/toy_options.py", "python"))
+    (tree / "algos" / "toy").mkdir()
+    (tree / "algos" / "toy" / "options.py").write_text(_block(doc, "# algos/toy/options.py", "python"))
     (tree / "configs" / "toy.yaml").write_text(_block(doc, "# configs/toy.yaml", "yaml"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(ROOT)]))
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tree, env=env, capture_output=True, text=True,

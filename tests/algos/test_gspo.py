@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import algos
-from algos import luffy
 from algos.aggregation import LossNorm, aggregate
 from algos.batch import LossContext, StepBatch
+from algos.luffy import maths as luffy
 from algos.policy_gradient import PG
 from algos.ppo import ppo_clip_loss, sequence_log_ratio
 from tests.algos.cfg import make_cfg

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import algos
-from algos import luffy
 from algos.aggregation import LossNorm
 from algos.batch import LossContext, StepBatch
-from algos.luffy import extreme_group_keep, luffy_advantage, luffy_policy_loss
-from algos.luffy_loss import luffy_token_loss, off_policy_shape, on_policy_ratio, parse_reshape
-from algos.luffy_prefix import (
+from algos.luffy import maths as luffy
+from algos.luffy.loss import luffy_token_loss, off_policy_shape, on_policy_ratio, parse_reshape
+from algos.luffy.maths import extreme_group_keep, luffy_advantage, luffy_policy_loss
+from algos.luffy.prefix import (
     guided_prompt,
     prefix_length,
     prefix_ratio_windows,

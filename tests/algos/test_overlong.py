@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import algos
-from algos import luffy
 from algos.aggregation import LossNorm
 from algos.batch import LossContext, StepBatch
+from algos.luffy import maths as luffy
 from algos.overlong import filter_truncated, loss_mask, overlong_penalty, shaped_rewards
 from algos.policy_gradient import ENTROPY, KL, PG
-from algos.pure import pure_advantage
+from algos.pure.maths import pure_advantage
 from buffer.records import Group, Sample
 from learner import batching
 from tests.algos.cfg import make_cfg

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import algos
-from algos import pacs
 from algos.aggregation import LossNorm
 from algos.batch import LossContext, StepBatch
-from algos.pacs import pacs_advantage, pacs_row_losses, pacs_score, pacs_weights
+from algos.pacs import maths as pacs
+from algos.pacs.maths import pacs_advantage, pacs_row_losses, pacs_score, pacs_weights
 from tests.algos.cfg import make_cfg as _make_cfg
 from tests.vectors import assert_close, cases
 

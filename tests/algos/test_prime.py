@@ -6,9 +6,9 @@ import torch
 
 import algos
 from algos.batch import StepBatch
-from algos.prime import prime_advantage, rloo_process_rewards
-from algos.prime_options import prime_requirements
-from algos.prime_prm import (
+from algos.prime.maths import prime_advantage, rloo_process_rewards
+from algos.prime.options import prime_requirements
+from algos.prime.prm import (
     dpo_abs_accuracy,
     dpo_accuracy,
     group_members,

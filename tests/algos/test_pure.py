@@ -7,7 +7,7 @@ import torch
 
 import algos
 from algos.batch import StepBatch
-from algos.pure import (
+from algos.pure.maths import (
     check_step_ends,
     kl_in_reward,
     process_baseline,
@@ -16,8 +16,8 @@ from algos.pure import (
     step_score_metrics,
     verl_baseline,
 )
-from algos.pure_options import pure_requirements
-from algos.pure_steps import (
+from algos.pure.options import pure_requirements
+from algos.pure.steps import (
     minform_rewards,
     minform_weights,
     process_returns,

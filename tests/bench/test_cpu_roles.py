@@ -12,7 +12,7 @@ def test_roles_from_titles_and_command_lines():
     assert role_of("ray::LearnerRank.step") == role_of("ray::LearnerRank") == "learner"
     assert role_of("ray::ActorRole") == "actor"
     assert role_of("/venv/bin/python -B -c from multiprocessing.spawn import spawn_main; spawn_main(fd=9)") == "buffer"
-    assert role_of("/venv/bin/python -m launch.supervisor /r/.run_config.json /r") == "driver"
+    assert role_of("/venv/bin/python -m launch.commands.supervisor /r/.run_config.json /r") == "driver"
     assert role_of("/venv/lib/ray/core/src/ray/raylet/raylet --x") == "other"
 
 

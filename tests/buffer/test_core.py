@@ -81,7 +81,7 @@ def test_a_raised_bound_opens_credit_and_holds_stored_groups_to_the_bound_they_w
 
 
 def test_discarded_prompts_are_handed_to_the_learner_once_and_put_back_with_an_undelivered_batch():
-    """Filtered and stale-dropped groups settle their (epoch, prompt) for the ledger (`launch.ledger`):
+    """Filtered and stale-dropped groups settle their (epoch, prompt) for the ledger (`launch.state.ledger`):
     the keys go out with the next pull, once, and return to the list when that reply is not delivered."""
     c = core(filter="extreme", max_staleness=1, batch_prompts=1)
     c.push("a", wire(make_group("solved", rewards=[1, 1, 1, 1], prompt_index=7, meta={"epoch": 2})))

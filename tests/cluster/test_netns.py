@@ -51,7 +51,7 @@ print(json.dumps(out))
 # From a driver on A: the storage check against every other node, for a shared folder and a hidden one.
 STORAGE = """
 import json, sys, ray
-from launch.storage import StorageError, check_shared_storage, other_nodes
+from launch.state.storage import StorageError, check_shared_storage, other_nodes
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 nodes = other_nodes()
 out = {"nodes": [n.ip for n in nodes]}

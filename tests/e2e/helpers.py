@@ -1,5 +1,5 @@
 """Helpers of the end-to-end tests: run `algo-train` for real, read what a run left behind, and find
-the processes a run started (through its session: `launch.supervisor` runs every run in a session of
+the processes a run started (through its session: `launch.commands.supervisor` runs every run in a session of
 its own, so another run on the same machine is never mistaken for this one)."""
 
 from __future__ import annotations
@@ -114,11 +114,11 @@ def session_processes(sid: int) -> list[str]:
 
 def run_session(launcher_pid: int, timeout_s: float = 60.0) -> int:
     """Session id of the run started by the `algo-train` process `launcher_pid`: the pid of its
-    `launch.supervisor` child (started with a session of its own)."""
+    `launch.commands.supervisor` child (started with a session of its own)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for pid, ppid, sid, args in processes():
-            if ppid == launcher_pid and "launch.supervisor" in args and sid == pid:
+            if ppid == launcher_pid and "launch.commands.supervisor" in args and sid == pid:
                 return sid
         time.sleep(0.2)
     raise AssertionError(f"algo-train (pid {launcher_pid}) started no run session within {timeout_s:.0f} s")

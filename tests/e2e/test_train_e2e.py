@@ -86,7 +86,7 @@ def test_two_runs_at_once_prime_and_luffy_both_finish(tmp_path, real_assets):
     """Two users' runs on one machine at once, each with 2 actors under a local Ray of its own: ports, Ray
     clusters, tokens and caches do not collide, and each run checks out as if it had run alone. LUFFY starts
     once PRIME's Ray is up (two Rays starting in the same seconds on a loaded 2-core machine can miss Ray's
-    fixed 30 s raylet registration; `launch.cluster.start_local_ray` retries once)."""
+    fixed 30 s raylet registration; `launch.planning.cluster.start_local_ray` retries once)."""
     runs = {}
     for algo in ("prime", "luffy"):
         if runs:
@@ -158,7 +158,7 @@ def test_ctrl_c_stops_cleanly_then_resume_trains_no_prompt_twice(tmp_path, real_
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] is True
     time.sleep(3)
-    # the run lives in its own session (launch.supervisor): nothing of it, nor of ours, may survive
+    # the run lives in its own session (launch.commands.supervisor): nothing of it, nor of ours, may survive
     assert session_processes(summary["driver_pid"]) == [], "processes left behind after Ctrl-C"
     assert session_processes(proc.pid) == []
     stopped_at = summary["step"]

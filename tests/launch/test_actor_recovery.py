@@ -15,14 +15,14 @@ import pytest
 from buffer.client import BufferClient
 from buffer.process import start_buffer_process
 from configs.schema import RunConfig
-from launch.driver import Driver
-from launch.roles import named
+from launch.loop.driver import Driver
+from launch.processes.roles import named
 from tests.buffer.helpers import make_group
 from weightsync.protocol import WeightSyncError
 
 
 class StandInGraph:
-    """Answers like `launch.processes.ProcessGraph` for two actors and records what the driver asks."""
+    """Answers like `launch.processes.process_graph.ProcessGraph` for two actors and records what the driver asks."""
 
     def __init__(self, buffer: str):
         self.buffer, self.last_words = buffer, {}

@@ -1,5 +1,5 @@
 """`ActorRole` is `actors.RolloutActor` as Ray places it (no forwarding layer in between): every call
-`launch.processes.ProcessGraph` makes on an actor is a method of the Ray-wrapped class, taking the
+`launch.processes.process_graph.ProcessGraph` makes on an actor is a method of the Ray-wrapped class, taking the
 arguments the graph passes; it builds in-process as `--serial` builds it; and `actor_env` is the one
 place the actor's process environment comes from. No Ray is started and no engine is built."""
 
@@ -12,9 +12,9 @@ import socket
 import ray
 
 from configs.loading import resolve
-from launch.actor_role import ActorRole, actor_env
+from launch.processes.actor_role import ActorRole, actor_env
 
-# name -> the positional arguments `ProcessGraph` passes (launch/processes.py)
+# name -> the positional arguments `ProcessGraph` passes (launch/processes/process_graph.py)
 GRAPH_CALLS = {"start": (), "connect_weight_sync": ("10.0.0.1", 1234, "token"), "follow_weight_updates": (),
                "start_rollouts": (), "stop": (True, 30.0), "evaluate": ([],), "stats": (), "where": (),
                "delivered_since": (0.0,), "requeue": ([[0, 1]],), "close": ()}

@@ -5,8 +5,8 @@ from its snapshot's counts (17 stale drops) while the dead one had counted 22, a
 
 from types import SimpleNamespace
 
-from launch.buffer_keeper import BufferKeeper
-from launch.metrics import StepTimes, step_row
+from launch.loop.metrics import StepTimes, step_row
+from launch.state.buffer_keeper import BufferKeeper
 
 
 def stats(stale: int, filtered: dict, refused: int, peers: int) -> dict:

@@ -1,4 +1,4 @@
-"""A buffer process that dies is restarted by the driver (`launch.buffer_keeper`): at the same address,
+"""A buffer process that dies is restarted by the driver (`launch.state.buffer_keeper`): at the same address,
 from its latest snapshot minus what was trained since, with the prompts it lost re-queued to their
 actors. Real buffer processes, killed with SIGKILL; the process graph is the stand-in of
 `test_actor_recovery` (the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`)."""
@@ -18,9 +18,9 @@ import pytest
 
 from buffer.client import BufferClient
 from configs.schema import RunConfig
-from launch.buffer_keeper import BufferKeeper, lost_prompts
-from launch.driver import Driver
-from launch.run_checkpoints import SNAPSHOT
+from launch.loop.driver import Driver
+from launch.state.buffer_keeper import BufferKeeper, lost_prompts
+from launch.state.run_checkpoints import SNAPSHOT
 from tests.buffer.helpers import make_group
 from tests.launch.test_actor_recovery import StandInGraph
 
@@ -104,7 +104,7 @@ def test_a_connection_lost_before_the_killed_buffer_can_be_reaped_still_restarts
     """The race seen in the actor-restart e2e: SIGKILL closes the buffer's socket a moment before its exit is
     visible, so the driver's pull fails with "connection lost" while the process still counts as alive."""
     from buffer.client import BufferUnavailable
-    from launch.recovery import Recovery
+    from launch.state.recovery import Recovery
 
     class Keeper:  # the process closed its socket; its exit shows a few polls later
         polls = 0
@@ -134,8 +134,8 @@ def test_a_connection_lost_before_the_killed_buffer_can_be_reaped_still_restarts
 
 
 def test_a_buffer_that_cannot_be_restarted_stops_the_run_with_one_line():
-    from launch.processes import RoleLost
-    from launch.recovery import Recovery
+    from launch.processes.process_graph import RoleLost
+    from launch.state.recovery import Recovery
 
     class Keeper:  # dead, and its successor fails to start (e.g. another process took its port meanwhile)
         pid, log_path = 4242, Path("run/logs/buffer.log")

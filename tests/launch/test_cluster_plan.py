@@ -8,8 +8,8 @@ import pytest
 
 from actors.engine import EngineSpec
 from configs.loading import ConfigError, resolve
-from launch.cluster import ClusterInfo, find_cluster, nodes_from_ray, probe
-from launch.resources import Node, ResourceError, plan, resolve_auto
+from launch.planning.cluster import ClusterInfo, find_cluster, nodes_from_ray, probe
+from launch.planning.resources import Node, ResourceError, plan, resolve_auto
 
 
 def gpu_nodes(count: int, gpus: float = 8, cpus: float = 96, mem: float = 1000, **custom) -> list[Node]:
@@ -197,8 +197,8 @@ def test_placement_groups_on_a_real_ray_with_declared_gpus():
     a group Ray accepts but cannot place fails at the deadline with the figures instead of hanging."""
     import ray
 
-    from launch.cluster import cluster_nodes
-    from launch.placement import Placement
+    from launch.planning.cluster import cluster_nodes
+    from launch.planning.placement import Placement
 
     ray.init(address="local", num_cpus=2, num_gpus=8, resources={"accel_node": 2}, include_dashboard=False,
              logging_level="WARNING", log_to_driver=False)
@@ -235,7 +235,7 @@ def test_placement_groups_on_a_real_ray_with_declared_gpus():
 def test_engines_sharing_a_gpu_push_over_gloo_and_nccl_there_is_refused_before_start():
     """A2: NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", NCCL
     init.cc), so engines at a fraction of a GPU cannot join an NCCL weight-sync group."""
-    from launch.resources import sharing_note
+    from launch.planning.resources import sharing_note
 
     share = ["rollout.gpus_per_actor=0.25", "rollout.engine.gpu_memory_utilization=0.2"]
     cfg = resolve_auto(resolve("grpo", overrides=share), gpu_nodes(1))  # auto -> gloo, and says so

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from buffer.records import Group, Sample
-from launch import progress as progress_mod
-from launch.evaluate_cmd import build_parser, by_source, eval_config, ks_for, pass_at_k, summarize, table
-from launch.evaluate_cmd import main as eval_main
-from launch.metrics import MetricsWriter, done_line, read_metrics, run_summary
-from launch.progress import Progress, fmt_duration
-from launch.samples import SampleLog, markdown, pick, record
+from launch.commands.evaluate import build_parser, by_source, eval_config, ks_for, pass_at_k, summarize, table
+from launch.commands.evaluate import main as eval_main
+from launch.loop import progress as progress_mod
+from launch.loop.metrics import MetricsWriter, done_line, read_metrics, run_summary
+from launch.loop.progress import Progress, fmt_duration
+from launch.loop.samples import SampleLog, markdown, pick, record
 
 
 def test_eta_counts_training_only(monkeypatch):
@@ -179,7 +179,7 @@ def test_wandb_offline_gets_the_same_scalars_as_tensorboard(tmp_path, monkeypatc
     whose id is kept in run_dir/wandb_id, so a resumed run continues it."""
     pytest.importorskip("wandb")
     from configs.schema import RunConfig
-    from launch.metrics import wandb_init
+    from launch.loop.metrics import wandb_init
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -4,7 +4,7 @@ sharing on one machine")."""
 
 from __future__ import annotations
 
-from launch.placement import plan_rank_cores
+from launch.planning.placement import plan_rank_cores
 
 
 def test_ranks_take_whole_cores_from_the_top_and_share_the_last_one_when_they_run_out():

@@ -1,4 +1,4 @@
-"""The one SFT batcher (`launch.demo_batches`), shared by the driver's SFT runs and the tiny model's
+"""The one SFT batcher (`launch.prep.demo_batches`), shared by the driver's SFT runs and the tiny model's
 warm-up: seeded epochs read front to back, a batch completed across an epoch's end, the epoch carried."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from launch.demo_batches import DemoBatches
+from launch.prep.demo_batches import DemoBatches
 
 
 def _warmup_order_before(keys: list[int], per_step: int, seed: int, steps: int) -> list[list[int]]:

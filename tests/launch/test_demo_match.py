@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from configs.schema import RunConfig
-from launch.data import load_run_data, match_demos
-from launch.preflight import PreflightError, preflight
+from launch.prep.data import load_run_data, match_demos
+from launch.prep.preflight import PreflightError, preflight
 from tasks.records import Record
 from tasks.tiny_model import build_tokenizer
 

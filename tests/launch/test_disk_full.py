@@ -2,7 +2,7 @@
 StorageError: the supervisor prints it without a traceback), the staged checkpoint is removed (its
 space given back), and the previous committed checkpoint still loads. A real full filesystem: a small
 tmpfs (needs root and mount; skipped with the reason otherwise). No vLLM, no Ray: the run-folder code
-(`launch.run_checkpoints.RunCheckpoints.save`, `learner.checkpoint` stage/commit) with a stand-in for
+(`launch.state.run_checkpoints.RunCheckpoints.save`, `learner.checkpoint` stage/commit) with a stand-in for
 the learner ranks that writes a tensor file as they do."""
 
 import subprocess
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launch.position import RunPosition
-from launch.run_checkpoints import SNAPSHOT, DiskFull, RunCheckpoints, disk_full
-from launch.storage import StorageError
+from launch.state.position import RunPosition
+from launch.state.run_checkpoints import SNAPSHOT, DiskFull, RunCheckpoints, disk_full
+from launch.state.storage import StorageError
 from learner.checkpoint import latest_checkpoint
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from configs.loading import ConfigError
 from launch.cli import build_parser, parse
-from launch.resources import Node, ResourceError, plan, resolve_auto
+from launch.planning.resources import Node, ResourceError, plan, resolve_auto
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "docs/running.md"]
@@ -117,13 +117,13 @@ def check(cmd: Command) -> str | None:
     if cmd.argv[:1] == ["plot"]:  # takes run folders only
         return None if len(cmd.argv) > 1 else "plot needs a run folder"
     if cmd.argv[:1] == ["eval"]:
-        from launch.evaluate_cmd import build_parser as eval_parser
+        from launch.commands.evaluate import build_parser as eval_parser
 
         eval_parser().parse_args(cmd.argv[1:])
         return None
     if cmd.argv[:1] == ["doctor"]:  # the run's flags: validated and planned as the run's
-        from launch.doctor import build_parser as doctor_parser
-        from launch.doctor import config_for
+        from launch.doctor.command import build_parser as doctor_parser
+        from launch.doctor.command import config_for
 
         try:
             cfg = config_for(doctor_parser().parse_args(cmd.argv[1:]))

@@ -2,9 +2,9 @@
 with the right fix. The end-to-end command (Ray, the weight path) is tested in tests/e2e/test_doctor_e2e.py."""
 
 from configs.loading import resolve
-from launch.doctor_checks import config_checks, facts_checks, kv_check, learner_estimate
-from launch.doctor_report import Check, table
-from launch.model_shape import ModelShape, context_problem
+from launch.doctor.checks import config_checks, facts_checks, kv_check, learner_estimate
+from launch.doctor.report import Check, table
+from launch.planning.model_shape import ModelShape, context_problem
 
 # Qwen2.5-7B's config.json (the fields read)
 QWEN_7B = dict(num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4,

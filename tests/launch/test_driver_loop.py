@@ -12,13 +12,13 @@ import pytest
 from buffer.client import BufferClient
 from buffer.process import start_buffer_process
 from configs.schema import RunConfig
-from launch.driver import Driver
+from launch.loop.driver import Driver
 from learner import checkpoint
 from tests.buffer.helpers import make_group
 
 
 class LearnerOnlyGraph:
-    """`launch.processes.ProcessGraph` with learner ranks that answer `metrics` and no actors."""
+    """`launch.processes.process_graph.ProcessGraph` with learner ranks that answer `metrics` and no actors."""
 
     actors, restarts, model_dir = [], 0, "unused"
 
@@ -83,7 +83,7 @@ def test_a_learner_key_the_driver_writes_stops_the_run(run):
 
 
 def test_max_staleness_auto_sends_the_chosen_bound_with_set_version(run, tmp_path, monkeypatch):
-    """The wiring of `launch.staleness_auto`: each step's wait and busy time go to the chooser, its line to
+    """The wiring of `launch.loop.staleness_auto`: each step's wait and busy time go to the chooser, its line to
     the console, its bound to the buffer with the next set_version, and the buffer's bound into the row."""
     seen = []
 
@@ -99,7 +99,7 @@ def test_max_staleness_auto_sends_the_chosen_bound_with_set_version(run, tmp_pat
         def restart(self):
             raise AssertionError("no evaluation in this run")
 
-    monkeypatch.setattr("launch.driver.AutoStaleness", Chooser)
+    monkeypatch.setattr("launch.loop.driver.AutoStaleness", Chooser)
     status, _, said = run({"loss/total": 0.25}, buffer={"max_staleness": "auto", "max_staleness_cap": 3})
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert status == 0 and seen == [(1, True, True), (2, True, True)]

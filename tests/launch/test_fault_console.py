@@ -1,12 +1,12 @@
 """A learner rank killed with SIGKILL, as the console of `algo-train` shows it: one line of ours naming
 the rank, its pid, its host and its log, with what the run does next — and nothing of Ray's.
 
-The run's process is real up to the process graph: `launch.supervisor._child` (the child `algo-train`
+The run's process is real up to the process graph: `launch.commands.supervisor._child` (the child `algo-train`
 supervises) runs in a subprocess, with the run's console set-up and a real local Ray (`init_ray`), and
-`launch.graph.run_graph` replaced by the learner side of a run: a `ProcessGraph` whose two ranks are
+`launch.loop.graph.run_graph` replaced by the learner side of a run: a `ProcessGraph` whose two ranks are
 stand-ins (a whole learner would only make this slower) writing to their logs as ranks do
-(`launch.roles.to_log_file`). Rank 1 is SIGKILLed in the middle of a step. The launcher's half (what
-`launch.train` says once the child has exited) runs here, on what the child left. The actor and buffer
+(`launch.processes.roles.to_log_file`). Rank 1 is SIGKILLed in the middle of a step. The launcher's half (what
+`launch.commands.train` says once the child has exited) runs here, on what the child left. The actor and buffer
 kills are asserted on a real run's console in `tests/e2e/test_actor_restart_e2e.py`.
 
 Run as `python -m tests.launch.test_fault_console SPEC RUN_DIR`, this module is that child.
@@ -24,17 +24,17 @@ import types
 from pathlib import Path
 
 from configs.loading import resolve
-from launch.console import quiet_env
-from launch.roles import LOG_FILE_ENV, to_log_file, where
-from launch.supervisor import LEARNER_DIED, death_note
-from launch.train import after_run, restart_after_learner_deaths
+from launch.commands.console import quiet_env
+from launch.commands.supervisor import LEARNER_DIED, death_note
+from launch.commands.train import after_run, restart_after_learner_deaths
+from launch.processes.roles import LOG_FILE_ENV, to_log_file, where
 from tests.launch.test_run_folders import make_run
 
 REPO = Path(__file__).parents[2]
 
 
 class Rank:
-    """A learner rank's process as the driver sees it (`launch.roles.LearnerRank`'s method names)."""
+    """A learner rank's process as the driver sees it (`launch.processes.roles.LearnerRank`'s method names)."""
 
     def __init__(self, rank: int):
         to_log_file()
@@ -54,11 +54,11 @@ class Rank:
 
 
 def learner_side(cfg, run_dir: Path, progress) -> int:
-    """`launch.graph.run_graph` cut down to the learner: two ranks, a step that loses rank 1."""
+    """`launch.loop.graph.run_graph` cut down to the learner: two ranks, a step that loses rank 1."""
     import ray
 
-    from launch.cluster import init_ray
-    from launch.processes import ProcessGraph
+    from launch.planning.cluster import init_ray
+    from launch.processes.process_graph import ProcessGraph
 
     init_ray(cfg)
     graph = ProcessGraph.__new__(ProcessGraph)  # what the learner calls use, as `ProcessGraph(...)` sets it
@@ -80,7 +80,7 @@ def test_a_killed_learner_rank_is_one_console_line_naming_it_its_log_and_what_ha
     cfg = resolve("grpo", flags={"logging.progress": "plain"})
     spec = tmp_path / "spec.json"
     spec.write_text(cfg.model_dump_json())
-    env = {**os.environ, **quiet_env(cfg, starts_local_ray=True, environ=os.environ)}  # as `launch.train` sets it
+    env = {**os.environ, **quiet_env(cfg, starts_local_ray=True, environ=os.environ)}  # as `launch.commands.train` sets it
     child = subprocess.run([sys.executable, "-m", "tests.launch.test_fault_console", str(spec), str(run)],
                            capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
     assert child.returncode == LEARNER_DIED, child.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_what_ray_prints_in_the_run_process_goes_to_the_log_and_ours_to_the_cons
     import logging
     import threading
 
-    from launch.console import RayToLog
+    from launch.commands.console import RayToLog
 
     console, log = io.StringIO(), io.StringIO()
     out = RayToLog(console, log)
@@ -140,23 +140,23 @@ def test_what_ray_prints_in_the_run_process_goes_to_the_log_and_ours_to_the_cons
                                                "(raylet) Failed to send wait complete"]
 
 
-if __name__ == "__main__":  # the run's process (`launch.supervisor._child`) with `learner_side` as its graph
-    from launch.supervisor import _child
+if __name__ == "__main__":  # the run's process (`launch.commands.supervisor._child`) with `learner_side` as its graph
+    from launch.commands.supervisor import _child
 
-    sys.modules["launch.graph"] = types.SimpleNamespace(run_graph=learner_side)
+    sys.modules["launch.loop.graph"] = types.SimpleNamespace(run_graph=learner_side)
     sys.exit(_child(sys.argv[1], sys.argv[2]))
 
 
 def test_a_role_the_run_could_not_replace_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
-    import launch.graph
-    from launch.processes import RoleLost
-    from launch.supervisor import _child
+    import launch.loop.graph
+    from launch.commands.supervisor import _child
+    from launch.processes.process_graph import RoleLost
 
     def lost(cfg, run_dir, progress):
         raise RoleLost("[buffer] the buffer process (pid 1 on vm; log x) died (exit code -9); starting a new one "
                        "failed (RuntimeError: port taken); the run stopped")
 
-    monkeypatch.setattr(launch.graph, "run_graph", lost)
+    monkeypatch.setattr(launch.loop.graph, "run_graph", lost)
     spec = tmp_path / "spec.json"
     spec.write_text(resolve("grpo", flags={"logging.progress": "plain", "logging.verbose": True}).model_dump_json())
     assert _child(str(spec), str(tmp_path)) == 1

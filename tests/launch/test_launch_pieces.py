@@ -8,9 +8,9 @@ import pytest
 
 from configs.loading import resolve
 from launch.cli import main
-from launch.metrics import MetricsWriter, read_metrics
-from launch.progress import Progress, format_line
-from launch.resources import Node, ResourceError, plan
+from launch.loop.metrics import MetricsWriter, read_metrics
+from launch.loop.progress import Progress, format_line
+from launch.planning.resources import Node, ResourceError, plan
 
 TWO_CORES = [Node("this machine", cpus=2, gpus=0, memory_gib=24)]
 
@@ -88,7 +88,7 @@ def test_impossible_request_exits_fast_from_the_command_line(tmp_path):
     import time
     from pathlib import Path
 
-    from launch.resources import local_node
+    from launch.planning.resources import local_node
 
     if local_node().cpus >= 17:
         pytest.skip("this machine could host 32 half-core actors")
@@ -104,8 +104,8 @@ def test_impossible_request_exits_fast_from_the_command_line(tmp_path):
 
 
 def test_a_local_ray_too_busy_to_start_is_retried_then_refused_in_one_line():
-    from launch.cluster import start_local_ray
-    from launch.resources import ResourceError
+    from launch.planning.cluster import start_local_ray
+    from launch.planning.resources import ResourceError
 
     calls = []
 
@@ -132,8 +132,8 @@ def test_a_local_ray_too_busy_to_start_is_retried_then_refused_in_one_line():
 
 def test_a_resume_may_change_how_the_staleness_bound_is_chosen_and_the_start_line_says_auto():
     from configs.loading import resolve
-    from launch.rundir import resume_safe
-    from launch.train import staleness_text
+    from launch.commands.train import staleness_text
+    from launch.state.rundir import resume_safe
 
     assert resume_safe("buffer.max_staleness_auto") and resume_safe("buffer.max_staleness_cap")
     assert staleness_text(resolve("grpo", overrides=["buffer.max_staleness=auto"])) == "auto (from 1, up to 4)"

@@ -5,7 +5,7 @@ import json
 import time
 
 from configs.schema import RunConfig
-from launch.data import load_run_data
+from launch.prep.data import load_run_data
 from tasks.tiny_model import build_tokenizer
 
 

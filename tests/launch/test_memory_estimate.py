@@ -1,4 +1,4 @@
-"""`launch.memory_estimate`: the learner memory budget of the GPU-path review's appendix (Qwen2.5-7B on 8
+"""`launch.planning.memory_estimate`: the learner memory budget of the GPU-path review's appendix (Qwen2.5-7B on 8
 ranks), worked out by hand, and the line a GPU run prints before it starts (none on CPU)."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from configs.loading import resolve
-from launch.memory_estimate import aux_parameters, learner_memory, start_lines
-from launch.model_shape import ModelShape
-from launch.resources import Node, resolve_auto
+from launch.planning.memory_estimate import aux_parameters, learner_memory, start_lines
+from launch.planning.model_shape import ModelShape
+from launch.planning.resources import Node, resolve_auto
 
 QWEN_7B = {"num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
            "vocab_size": 152064, "intermediate_size": 18944, "tie_word_embeddings": False,

@@ -1,6 +1,6 @@
 """An `--output` folder the run cannot write (a read-only filesystem, a file in place of a folder) stops
 the launch with one line naming the folder and the fix, before anything starts: no traceback, exit
-status 2, and nothing left behind (`launch.train.check_writable`). Each way fails for root too."""
+status 2, and nothing left behind (`launch.commands.train.check_writable`). Each way fails for root too."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_a_file_in_place_of_a_parent_folder_is_one_line(tmp_path, capsys):
 
 
 def test_the_check_leaves_nothing_behind(tmp_path, capsys):
-    from launch.train import check_writable
+    from launch.commands.train import check_writable
 
     check_writable(tmp_path / "new" / "run", resuming=False)  # writable: passes, and creates nothing
     assert not any(tmp_path.iterdir())

@@ -1,4 +1,4 @@
-"""`launch.preflight`: every file and plugin a run names is checked before anything starts, and each
+"""`launch.prep.preflight`: every file and plugin a run names is checked before anything starts, and each
 problem is one line naming the key and the fix."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from configs.schema import RunConfig
-from launch.preflight import PreflightError, preflight
+from launch.prep.preflight import PreflightError, preflight
 from tasks.tiny_model import build_tokenizer
 
 MATH500 = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "math500.jsonl"
@@ -120,7 +120,7 @@ def test_reward_and_prm_problems(tmp_path):
 
 def test_the_built_in_model_with_a_users_data_warms_up_on_the_synthetic_task():
     from configs.loading import resolve
-    from launch.model_prep import warmup_data
+    from launch.prep.model_prep import warmup_data
 
     user = RunConfig(algo="grpo", data={"task": "file", "path": str(MATH500)})
     assert preflight(user) is None

@@ -2,7 +2,7 @@
 stand-ins with the roles' method names (whole learners and engines would only make the tests slower).
 
 - A learner rank whose process dies ends the run with one line naming the rank, its process and how
-  to read its output (`launch.processes.LearnerDied`); closing the dead rank says nothing more, any
+  to read its output (`launch.processes.process_graph.LearnerDied`); closing the dead rank says nothing more, any
   other failure to close a role is one line (not Ray's traceback).
 - The actors' health check asks every actor at once, under one deadline (`ray.wait`): a dead, a
   stuck and an engine-dead actor are told apart from the live one.
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from launch.processes import LearnerDied, ProcessGraph
-from launch.roles import where
+from launch.processes.process_graph import LearnerDied, ProcessGraph
+from launch.processes.roles import where
 
 
 class Rank:
@@ -123,7 +123,7 @@ class Scorer:
 
 
 def test_evaluation_is_spread_over_every_actor_and_weighted_by_counts():
-    from launch.processes import LocalRole
+    from launch.processes.process_graph import LocalRole
 
     graph = ProcessGraph.__new__(ProcessGraph)
     scorers = [Scorer() for _ in range(3)]

@@ -13,8 +13,8 @@ import pytest
 from buffer.client import BufferClient
 from buffer.process import start_buffer_process
 from configs.schema import RunConfig
-from launch.data import arithmetic_config, load_run_data
-from launch.driver import Driver
+from launch.loop.driver import Driver
+from launch.prep.data import arithmetic_config, load_run_data
 from tasks import demonstration_records, make_splits, write_records
 from tasks.arithmetic import Fault, solve
 from tasks.tiny_model import build_tokenizer

@@ -1,4 +1,4 @@
-"""Run folders and resume (launch.rundir, launch.cli): an existing run is never mixed with a new one,
+"""Run folders and resume (launch.state.rundir, launch.cli): an existing run is never mixed with a new one,
 `--resume DIR` alone continues with DIR's config, changes are applied and recorded or refused by name,
 and a finished run says so at once. No Ray, no vLLM: the run folders are made by hand."""
 
@@ -15,8 +15,8 @@ import yaml
 
 from configs.loading import ConfigError, dump_annotated, resolve, resolve_saved
 from launch.cli import main, parse
-from launch.rundir import check_new_run_dir, checkpoint_step, clear_run_dir
-from launch.storage import absolutize
+from launch.state.rundir import check_new_run_dir, checkpoint_step, clear_run_dir
+from launch.state.storage import absolutize
 
 
 def make_run(run: Path, step: int | None, steps: int = 10, sets: tuple[str, ...] = ()) -> None:
@@ -133,7 +133,7 @@ def test_the_quickstart_extended_to_700_steps_announces_its_lr(tmp_path):
     350, resumed with --steps 700. The next optimiser step is 350 (0-based): with horizon 350 it is past
     the end, lr 0; with horizon 700, p = (350 - 10) / (700 - 10) = 0.49275, lr = 1e-4 · ½(1 + cos πp)
     = 1e-4 · ½(1 + 0.022759) = 5.1138e-05."""
-    from launch.train import resume_lines
+    from launch.commands.train import resume_lines
     from learner.optim import lr_at
 
     run = tmp_path / "q"
@@ -148,7 +148,7 @@ def test_the_quickstart_extended_to_700_steps_announces_its_lr(tmp_path):
 
 
 def test_the_lr_jump_of_a_stretched_schedule_is_announced(tmp_path):
-    from launch.train import resume_lines
+    from launch.commands.train import resume_lines
 
     run = tmp_path / "r"
     make_run(run, 10, steps=10, sets=("learner.warmup_steps=0",))
@@ -200,7 +200,7 @@ def test_resume_needs_a_checkpoint_and_a_run_folder(tmp_path):
 
 
 def test_after_a_stop_the_exact_resume_command_is_printed(tmp_path):
-    from launch.train import after_run
+    from launch.commands.train import after_run
 
     make_run(tmp_path / "r", 6)
     run = tmp_path / "r"
@@ -216,8 +216,8 @@ def test_after_a_stop_the_exact_resume_command_is_printed(tmp_path):
 def test_max_restarts_resumes_a_run_whose_learner_died_from_its_last_checkpoint(tmp_path):
     """--max-restarts N: a run stopped by a dead learner rank resumes itself from its last checkpoint,
     as --resume would, at most N times; any other stop is final."""
-    from launch.supervisor import LEARNER_DIED
-    from launch.train import restart_after_learner_deaths
+    from launch.commands.supervisor import LEARNER_DIED
+    from launch.commands.train import restart_after_learner_deaths
 
     run = tmp_path / "r"
     make_run(run, 6)
@@ -250,7 +250,7 @@ def test_max_restarts_without_checkpoints_on_the_way_is_refused():
 
 
 def test_quiet_console_environment(monkeypatch):
-    from launch.console import QUIET_ENV, quiet_env
+    from launch.commands.console import QUIET_ENV, quiet_env
 
     cfg = resolve("grpo")
     env = quiet_env(cfg, starts_local_ray=True, environ={"TRANSFORMERS_VERBOSITY": "info"})
@@ -268,5 +268,5 @@ def test_quiet_console_environment(monkeypatch):
 def test_the_run_folder_rules_answer_without_importing_torch():
     """`algo-train --resume` of a finished run answers at once: the committed-checkpoint rule it reads
     (`learner.committed`, shared with `learner.checkpoint`) imports no torch."""
-    code = "import sys, launch.rundir; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, launch.state.rundir; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

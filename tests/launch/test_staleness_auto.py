@@ -1,4 +1,4 @@
-"""`max_staleness: auto` (launch/staleness_auto.py): the rule by hand, against the pipeline model it is
+"""`max_staleness: auto` (launch/loop/staleness_auto.py): the rule by hand, against the pipeline model it is
 derived from, and the window bookkeeping the driver runs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launch.staleness_auto import SETTLE_STEPS, WINDOW_STEPS, AutoStaleness, next_bound
+from launch.loop.staleness_auto import SETTLE_STEPS, WINDOW_STEPS, AutoStaleness, next_bound
 
 
 def model_wait(g: float, busy: float, k: int) -> float:

@@ -1,4 +1,4 @@
-"""The driver's part of a metrics row (`launch.metrics.step_row`), by hand, and the one-writer rule of
+"""The driver's part of a metrics row (`launch.loop.metrics.step_row`), by hand, and the one-writer rule of
 `merge_rows` (that the learner writes none of the driver's keys: tests/learner/test_learner_algos.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from launch.metrics import StepTimes, merge_rows, step_row
+from launch.loop.metrics import StepTimes, merge_rows, step_row
 
 
 def _sample(reward: float, finish: str, tokens: int):

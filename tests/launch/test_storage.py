@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from configs.loading import resolve
-from launch.storage import (
+from launch.state.storage import (
     CHECK_DIR,
     WHAT_MUST_BE_SHARED,
     Node,

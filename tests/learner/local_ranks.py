@@ -1,5 +1,5 @@
 """Starting N learner ranks as local processes (torch.multiprocessing, spawn), without Ray: for tests
-and benchmarks (a run starts its ranks as Ray actors, `launch.roles.LearnerRank`).
+and benchmarks (a run starts its ranks as Ray actors, `launch.processes.roles.LearnerRank`).
 
 - `spawn_ranks(fn, world_size, *args)`: run `fn(rank, world_size, *args)` in N fresh processes that
   share a process group (MASTER_ADDR/PORT set: loopback, these are processes of this machine), collect the return values; if one rank fails, the

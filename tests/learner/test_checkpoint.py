@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from launch.position import RunPosition
-from launch.run_checkpoints import RunCheckpoints
+from launch.state.position import RunPosition
+from launch.state.run_checkpoints import RunCheckpoints
 from learner import checkpoint
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups

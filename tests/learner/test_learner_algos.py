@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import algos
-from launch.metrics import StepTimes, step_row
+from launch.loop.metrics import StepTimes, step_row
 from learner import batching
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
@@ -18,7 +18,7 @@ ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft"]
 CASES = [(a, {}) for a in ALGOS] + [("prime", {"prime": {"ref": "policy", "update": "double"}})]
 COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/learner_compute_s", "throughput/learner_tokens_per_s",
                "staleness/mean", "staleness/max", "optim/steps", "reward/mean"}
-# every key of the driver's part of a row (`launch.metrics.step_row`)
+# every key of the driver's part of a row (`launch.loop.metrics.step_row`)
 DRIVER_KEYS = set(step_row([], StepTimes(0.0, 0.0, 0.0, since_last_s=1.0, wall_s=1.0), {}, {}, version=0,
                            actor_restarts=0, buffer_restarts=0, actor_reports=[]))
 ALGO_KEYS = {"prime": {"prime/prm_version", "prime/prm_loss", "prime/q_mean"},
@@ -123,11 +123,11 @@ def _poison(fn):
 
 
 def test_nonfinite_gradient_skips_pacs_and_stops_grpo(tiny_dir, tokenizer, monkeypatch):
-    import algos.pacs
+    import algos.pacs.maths
     import algos.policy_gradient
 
     groups = make_groups(tokenizer, 1, 4)
-    monkeypatch.setattr(algos.pacs, "pacs_row_losses", _poison(algos.pacs.pacs_row_losses))
+    monkeypatch.setattr(algos.pacs.maths, "pacs_row_losses", _poison(algos.pacs.maths.pacs_row_losses))
     pacs = Learner(make_cfg("pacs"), 0, 1, tiny_dir)
     w0 = full_weights(pacs)
     m = pacs.step(groups, 0)  # spec.skip_nonfinite_grad: skipped and counted

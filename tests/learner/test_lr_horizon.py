@@ -1,5 +1,5 @@
 """`learner.lr_horizon_steps`: the LR schedule's horizon is its own key (a resumed run that trains longer
-keeps the curve it started with, launch.rundir), not always `learner.steps`."""
+keeps the curve it started with, launch.state.rundir), not always `learner.steps`."""
 
 from __future__ import annotations
 

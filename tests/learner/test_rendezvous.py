@@ -1,4 +1,4 @@
-"""Learner ranks meet at the address rank 0 chose: rank 0 (`launch.roles.LearnerRank`) picks host and
+"""Learner ranks meet at the address rank 0 chose: rank 0 (`launch.processes.roles.LearnerRank`) picks host and
 port in its own process and hosts the process group's store there; rank 1 is created only afterwards,
 with that address. (Only loopback exists here without network namespaces; the two-host test covers
 a node IP.)"""
@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch.multiprocessing as mp
 
-from launch.roles import LearnerRank, node_host
+from launch.processes.roles import LearnerRank, node_host
 
 pytestmark = pytest.mark.slow
 

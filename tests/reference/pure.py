@@ -1,12 +1,12 @@
 """PURE-verl's RLOO on token rewards, the whole of `compute_rloo_outcome_advantage` (the package computes
-the same advantage through `algos.pure.pure_advantage` with baseline=verl)."""
+the same advantage through `algos.pure.maths.pure_advantage` with baseline=verl)."""
 
 from __future__ import annotations
 
 import torch
 
 from algos.masked import whiten
-from algos.pure import verl_baseline
+from algos.pure.maths import verl_baseline
 from algos.returns import suffix_sum
 
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs.schema import RunConfig
-from launch.data import read_file
+from launch.prep.data import read_file
 from tasks.loaders import detect_layout, load_dataset
 from tasks.records import DataError, Record
 

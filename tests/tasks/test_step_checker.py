@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from algos.pure_steps import minform_rewards
+from algos.pure.steps import minform_rewards
 from tasks.arithmetic import Fault, Problem, random_fault, solve
 from tasks.step_checker import score_steps, split_steps
 

@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_plain_receivers(address: tuple[str, int], names: list[str], *, token: str, pushes: int = 1,
                           checksum: bool = False, freeze_before_ack: bool = False) -> list[subprocess.Popen]:
-    """One `weightsync.plain_receiver` process per name; each reads `token` from its stdin."""
+    """One `weightsync.gloo.plain_receiver` process per name; each reads `token` from its stdin."""
     host, port = address
     procs = []
     for name in names:
-        cmd = [sys.executable, "-m", "weightsync.plain_receiver", "--host", host, "--port", str(port),
+        cmd = [sys.executable, "-m", "weightsync.gloo.plain_receiver", "--host", host, "--port", str(port),
                "--name", name, "--pushes", str(pushes)] + (["--checksum"] if checksum else []) \
             + (["--freeze-before-ack"] if freeze_before_ack else [])
         p = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdin=subprocess.PIPE,

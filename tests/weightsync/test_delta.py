@@ -6,7 +6,7 @@ import torch
 
 from weightsync import WeightSender
 from weightsync.delta import DeltaEncoder, apply_patch, diff
-from weightsync.plane import gloo_patch_cost
+from weightsync.gloo.plane import gloo_patch_cost
 
 BF16 = torch.bfloat16
 

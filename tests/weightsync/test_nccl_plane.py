@@ -18,10 +18,11 @@ from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitI
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseNCCLWeightTransferUpdateInfo
 
-from weightsync import nccl_engine, nccl_plane
 from weightsync.backends import NCCL_ENGINE_BACKEND
-from weightsync.nccl_engine import ImpalaNcclWeightTransferEngine, vllm_update_info
-from weightsync.nccl_plane import (
+from weightsync.nccl import engine as nccl_engine
+from weightsync.nccl import plane as nccl_plane
+from weightsync.nccl.engine import ImpalaNcclWeightTransferEngine, vllm_update_info
+from weightsync.nccl.plane import (
     NCCL_UNIQUE_ID_BYTES,
     NcclPlane,
     bucket_plan,

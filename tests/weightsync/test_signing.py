@@ -80,7 +80,7 @@ def test_a_gloo_group_rendezvous_over_the_signed_store(store):
     """gloo's own rendezvous keys go through the signed, sealed group store (a Python dist.Store)."""
     import threading
 
-    from weightsync.gloo_group import new_gloo_group
+    from weightsync.gloo.group import new_gloo_group
 
     handle = group_handle("group/t", KEY)
     out = {}

@@ -9,10 +9,10 @@ import contextlib
 import pytest
 import torch
 
-from weightsync import nccl_plane
 from weightsync import sender as sender_mod
 from weightsync.delta import DeltaEncoder
-from weightsync.nccl_plane import NCCL_UNIQUE_ID_BYTES, NcclPlane, broadcast_patches
+from weightsync.nccl import plane as nccl_plane
+from weightsync.nccl.plane import NCCL_UNIQUE_ID_BYTES, NcclPlane, broadcast_patches
 from weightsync.packing import Patch
 from weightsync.plane import Payload
 from weightsync.sender import WeightSender

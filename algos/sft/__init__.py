@@ -1,0 +1,2 @@
+"""SFT warm-up (`--algo sft`): `options` (registration, torch-free) and `maths` (token NLL on
+demonstrations)."""

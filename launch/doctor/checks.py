@@ -1,0 +1,251 @@
+"""The checks of `algo-train doctor` (launch.doctor.command) other than the weight path: each turns what was found
+into `Check` rows with the fix for a failure. `config_checks` is pure (tests call it with declared nodes);
+`node_checks` and `learner_checks` run probes through Ray on the nodes the run would use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from configs.schema import RunConfig
+from launch.doctor.report import Check
+from launch.doctor.versions import VLLM, vllm_problem
+from launch.planning.memory_estimate import micro_batch_tokens
+from launch.planning.model_shape import DTYPE_BYTES, ModelShape, context_problem
+
+GIB = 2**30
+ENGINE_RESERVE_GIB = 4.0  # a GPU engine's share kept free of KV: CUDA graphs, activations, push transients
+
+
+def model_dir(cfg: RunConfig) -> Path:
+    """The run's model directory; for the built-in model its untrained base (same architecture, no warm-up)."""
+    if cfg.model.path is not None:
+        return Path(cfg.model.path)
+    from launch.prep.model_prep import base_model_dir
+
+    return base_model_dir(cfg)
+
+
+def _dtype_bytes(cfg: RunConfig, gpu: bool) -> int:
+    return DTYPE_BYTES[cfg.model.resolved_dtype("cuda" if gpu else "cpu")]
+
+
+def kv_check(cfg: RunConfig, shape: ModelShape, node: str, gpu_bytes: int | None) -> Check:
+    """KV tokens one engine on `node` gets, against one whole sequence (vLLM refuses to start below it) and
+    against the sequences in flight (below that, vLLM preempts and recomputes). `gpu_bytes`: the memory of
+    one of the node's GPUs, None on a CPU node."""
+    r = cfg.rollout
+    seq = cfg.data.max_prompt_tokens + r.max_response_tokens
+    gpu = gpu_bytes is not None
+    per_token = shape.kv_bytes_per_token(_dtype_bytes(cfg, gpu))
+    util = r.engine.gpu_memory_utilization
+    if gpu and util is not None:
+        weights = shape.parameters() * _dtype_bytes(cfg, gpu) / r.engine.tensor_parallel_size
+        budget = util * gpu_bytes - weights - ENGINE_RESERVE_GIB * GIB
+        how = f"{util:g} of the GPU − weights − ~{ENGINE_RESERVE_GIB:g} GiB (estimate; the engine logs its own)"
+    elif (gib := r.resolved_kv_cache_gib(gpu)) is not None:
+        budget = gib * GIB
+        how = f"rollout.kv_cache_gib={gib:g}"
+    else:  # a GPU engine sized by a memory share on a node whose GPUs were not read
+        return Check(node, "kv cache", "WARN", "the node reports no GPU memory: KV tokens not estimated",
+                     "check that the node's GPUs are visible to Ray (ray status)")
+    tokens = int(max(budget, 0) // per_token)
+    want = r.prompts_in_flight * r.n * seq
+    found = (f"{tokens:,} KV tokens per engine ({how}; {per_token:,} B/token); one sequence needs {seq:,}, "
+             f"{r.prompts_in_flight} prompts × {r.n} samples in flight need {want:,}")
+    if tokens < seq:
+        return Check(node, "kv cache", "FAIL", found,
+                     "raise rollout.kv_cache_gib (CPU) or rollout.engine.gpu_memory_utilization (GPU), or lower "
+                     "data.max_prompt_tokens + rollout.max_response_tokens")
+    if tokens < want:
+        return Check(node, "kv cache", "WARN", found,
+                     f"engines will preempt and recompute: lower rollout.prompts_in_flight to "
+                     f"{max(1, tokens // (r.n * seq))} or give the KV cache more memory")
+    return Check(node, "kv cache", "PASS", found)
+
+
+def read_shape(cfg: RunConfig) -> ModelShape:
+    return ModelShape.read(model_dir(cfg))
+
+
+def config_checks(cfg: RunConfig, shape: ModelShape) -> list[Check]:
+    """Checks of the configuration against the model's config.json."""
+    where = str(cfg.model.path or "the built-in model")
+    problem = context_problem(shape, cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens, where)
+    if problem:
+        found, fix = problem.split(" — ")
+        return [Check("run", "context", "FAIL", found, fix)]
+    seq = cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens
+    return [Check("run", "context", "PASS", f"{seq:,} tokens per sequence; the model's context is "
+                                            f"{shape.context or 'not stated'}")]
+
+
+def hosts_actors(cfg: RunConfig, resources: dict) -> bool:
+    """True when a node with these Ray resources can host an actor (its custom resources, a GPU if needed)."""
+    need = dict(cfg.rollout.custom_resources)
+    if cfg.rollout.gpus_per_actor not in ("auto", 0, 0.0):
+        need["GPU"] = float(cfg.rollout.gpus_per_actor)
+    return all(resources.get(k, 0) >= v for k, v in need.items())
+
+
+def write_probe(cfg: RunConfig, token: str) -> Path:
+    """A file beside the run folder holding `token`, for every node to read (shared storage)."""
+    from launch.commands.train import run_dir_for
+
+    parent = run_dir_for(cfg).absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    probe = parent / f".doctor-{token}"
+    probe.write_text(token)
+    return probe
+
+
+def run_paths(cfg: RunConfig) -> list[str]:
+    d = cfg.data
+    return [str(p) for p in (cfg.model.path, d.path, d.eval_path, d.demos) if p]
+
+
+def facts_checks(node: str, facts: dict, driver: dict, cluster: bool, gpus: bool) -> list[Check]:
+    """Rows for one node's `doctor_probes.node_facts` against the driver's."""
+    out = []
+    v = facts["versions"]
+    vllm_msg = vllm_problem(lambda d: _version_of(v, d))
+    differ = [f"{k} {v.get(k)} (driver {driver['versions'].get(k)})" for k in ("torch", "ray", "transformers")
+              if v.get(k) != driver["versions"].get(k)]
+    if vllm_msg:
+        out.append(Check(node, "versions", "FAIL", vllm_msg.split(" — ")[0], vllm_msg.split(" — ")[-1]))
+    elif differ:
+        out.append(Check(node, "versions", "FAIL", "differs from the driver: " + ", ".join(differ),
+                         "install the same versions on every node (bash scripts/setup.sh from the same checkout)"))
+    else:
+        have = ", ".join(f"{k} {v[k]}" for k in sorted(v))
+        out.append(Check(node, "versions", "PASS", f"{have} (vLLM {VLLM} tested)"))
+    if facts["shared"] is False or facts["missing"]:
+        what = []
+        if facts["shared"] is False:
+            what.append("cannot read the file the driver wrote beside the run folder")
+        if facts["missing"]:
+            what.append("missing: " + ", ".join(facts["missing"]))
+        out.append(Check(node, "storage", "FAIL", "; ".join(what),
+                         "put the run folder, model and data on a filesystem every node mounts at the same path"))
+    else:
+        out.append(Check(node, "storage", "PASS", "reads the driver's file and every path the run names"))
+    out.append(_iface_check(node, facts["ifaces"], cluster, gpus))
+    return out
+
+
+def _version_of(versions: dict, dist: str) -> str:
+    from importlib import metadata
+
+    if dist not in versions:
+        raise metadata.PackageNotFoundError(dist)
+    return versions[dist]
+
+
+def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool) -> Check:
+    if not cluster:
+        return Check(node, "interfaces", "PASS", "one machine: every service on loopback")
+    needed = ["GLOO_SOCKET_IFNAME"] + (["NCCL_SOCKET_IFNAME"] if gpus else [])
+    unset = [v for v in needed if not ifaces.get(v, (None, None))[0]]
+    absent = [f"{v}={ifaces[v][0]}" for v in needed if ifaces.get(v, (None, None))[1] is False]
+    if absent:
+        return Check(node, "interfaces", "FAIL", "no such interface on this node: " + ", ".join(absent),
+                     "name the cluster network's interface of this node, then restart its `ray start`")
+    if unset:
+        return Check(node, "interfaces", "WARN", f"{', '.join(unset)} not set in Ray's environment: gloo/NCCL "
+                     "bind the address the hostname resolves to (often loopback)",
+                     f"export {'='.join([unset[0], 'IFACE'])} before `ray start` on every node")
+    return Check(node, "interfaces", "PASS", ", ".join(f"{v}={ifaces[v][0]}" for v in needed))
+
+
+def node_checks(cfg: RunConfig, shape: ModelShape, probe: Path, cluster: bool) -> list[Check]:
+    """Run `node_facts` on every live node (a Ray task pinned to it), compare with the driver's, and check
+    the KV cache an engine gets on each node that can host actors."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from launch.doctor.probes import node_facts
+
+    paths = run_paths(cfg)
+    token = probe.read_text()
+    driver = node_facts(str(probe), token, paths)
+    task = ray.remote(num_cpus=0)(node_facts)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(str(probe), token, paths) for n in nodes]
+    out = []
+    try:
+        for n, facts in zip(nodes, ray.get(refs, timeout=120)):
+            res = n.get("Resources", {})
+            out += facts_checks(n["NodeManagerAddress"], facts, driver, cluster, res.get("GPU", 0) > 0)
+            if hosts_actors(cfg, res):
+                gpu = facts["gpu_bytes"][0] if facts["gpu_bytes"] and cfg.rollout.gpus_per_actor else None
+                out.append(kv_check(cfg, shape, n["NodeManagerAddress"], gpu))
+    finally:
+        probe.unlink(missing_ok=True)
+    return out
+
+
+def learner_estimate(cfg: RunConfig, shape: ModelShape, probe: dict, gpu: bool) -> tuple[float, str]:
+    """(bytes, how) a learner rank needs: sharded fp32 weights, grads and AdamW moments (16 B per parameter
+    / world size) plus the micro-batch's activations at the probe's bytes per token."""
+    tokens = micro_batch_tokens(cfg, gpu)
+    ac = cfg.learner.activation_checkpointing
+    ac = gpu if ac == "auto" else bool(ac)
+    per_layer = probe["per_layer_token_bytes"]
+    if ac:  # a checkpointed layer keeps its input; one layer's activations live during its recompute
+        kept = shape.hidden * _dtype_bytes(cfg, gpu)
+        acts = tokens * (probe["head_token_bytes"] + shape.layers * kept + per_layer)
+    else:
+        acts = tokens * (probe["head_token_bytes"] + shape.layers * per_layer)
+    state = 16 * shape.parameters() / cfg.learner.world_size
+    how = (f"{per_layer / 1024:.1f} KiB/token/layer + {probe['head_token_bytes'] / 1024:.1f} KiB/token head "
+           f"(measured, {probe['device']}); micro-batch {tokens:,} tokens × {shape.layers} layers"
+           f"{' (checkpointed)' if ac else ''} ≈ {acts / GIB:.2f} GiB + weights/grads/AdamW "
+           f"{state / GIB:.2f} GiB per rank")
+    return acts + state, how
+
+
+def learner_checks(cfg: RunConfig, tokens: int) -> list[Check]:
+    """Measure the learner's bytes per token at the model's real width and vocabulary on a learner node."""
+    import ray
+
+    from launch.doctor.probes import learner_memory, model_config
+
+    config = model_config(str(model_dir(cfg)))
+    shape = ModelShape.from_config(config)
+    gpu = bool(cfg.learner.gpus_per_rank)
+    device = "cuda" if gpu else "cpu"
+    dtype = cfg.model.resolved_dtype(device)
+    opts = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": 1}
+    if cfg.learner.custom_resources:
+        opts["resources"] = {k: min(v, 1e-3) for k, v in cfg.learner.custom_resources.items()}
+    task = ray.remote(**opts)(learner_memory)
+    try:
+        chunk = cfg.learner.resolved_logprob_chunk_tokens(gpu)
+        probe = ray.get(task.remote(config, tokens, dtype, chunk, device), timeout=300)
+    except Exception as e:  # the row says what failed; the other checks still print
+        return [Check("learner", "learner memory", "FAIL", f"the probe failed: {str(e).strip()[:300]}",
+                      "run `algo-train doctor --verbose` and read the learner node's Ray log")]
+    need, how = learner_estimate(cfg, shape, probe, gpu)
+    cap = _learner_capacity(gpu)
+    found = f"{how}; needs ≈ {need / GIB:.1f} GiB" + (f" of {cap / GIB:.0f} GiB" if cap else "")
+    if cap and need > 0.9 * cap:
+        return [Check("learner", "learner memory", "FAIL", found,
+                      "set learner.micro_batch_tokens lower (e.g. 16384), learner.logprob_chunk_tokens=1024, "
+                      "activation checkpointing on, or more learner ranks")]
+    return [Check("learner", "learner memory", "PASS", found)]
+
+
+def _learner_capacity(gpu: bool) -> float | None:
+    """Memory of one learner device: a GPU's total (the first learner node's), else None on CPU."""
+    import ray
+
+    if not gpu:
+        return None
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def total() -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory
+
+    return float(ray.get(total.remote(), timeout=120))

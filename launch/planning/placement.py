@@ -1,0 +1,92 @@
+"""Where the roles run: Ray placement groups (any run with Ray), and CPU cores (a single CPU machine).
+
+`Placement` reserves one Ray bundle per role before any role starts (see its docstring and
+`launch.planning.resources` for the bundle sizes and the strategies). `plan_rank_cores` pins on a single CPU
+machine only: learner ranks take whole cores from the top of the machine (ceil(cpus_per_rank) each).
+The actors are not pinned: their engines run on any core, so a core the learner leaves idle while it
+waits for a batch generates (bench/RESULTS.md, "CPU sharing on one machine"). With GPUs, or on a
+joined Ray cluster (roles land on other nodes), nothing is pinned.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from launch.planning.cluster import cluster_nodes
+from launch.planning.resources import Plan, ResourceError
+
+
+def plan_rank_cores(ranks: int, cpus_per_rank: float, cores: list[int] | None = None) -> list[list[int]]:
+    """The cores of each learner rank: ceil(cpus_per_rank) whole cores each, from the top of `cores`
+    (default: this process's); when they run out, the remaining ranks share the lowest core left."""
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    per_rank = max(1, math.ceil(cpus_per_rank))
+    rank_cores: list[list[int]] = []
+    free = list(cores)
+    for _ in range(ranks):
+        take = free[-per_rank:] if len(free) > per_rank else free[-1:]
+        rank_cores.append(take)
+        if len(free) > len(take):
+            free = free[: len(free) - len(take)]
+    return rank_cores
+
+
+class Placement:
+    """The run's Ray placement groups (`launch.planning.resources.Plan`): one for the learner ranks (STRICT_PACK
+    when one node holds them all, else PACK), one for the actors (SPREAD); every role then runs inside a
+    bundle of its group (`strategy`). `reserve` waits until Ray has placed both groups: a request Ray
+    accepts but cannot place (another job holds the resources, a node left, or Ray packs differently
+    than the check) stops the run after `timeout_s` instead of hanging in `ray.get`."""
+
+    def __init__(self, plan: Plan, timeout_s: float):
+        from ray.util.placement_group import placement_group
+
+        self.plan, self.timeout_s = plan, timeout_s
+        self.groups = {}
+        if plan.ranks:
+            self.groups["learner"] = placement_group([plan.rank_bundle.ray_resources()] * plan.ranks,
+                                                     strategy=plan.rank_strategy, name="learner")
+        if plan.actors:
+            self.groups["actors"] = placement_group([plan.actor_bundle.ray_resources()] * plan.actors,
+                                                    strategy="SPREAD", name="actors")
+
+    def reserve(self) -> None:
+        """Wait for both groups; on the deadline remove them and raise `ResourceError` with the figures."""
+        deadline = time.monotonic() + self.timeout_s
+        pending = [name for name, pg in self.groups.items()
+                   if not pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic()))]
+        if pending:
+            message = self._unplaced(pending)
+            self.remove()
+            raise ResourceError(message)
+
+    def _unplaced(self, pending: list[str]) -> str:
+        import ray
+
+        p = self.plan
+        asked = (f"{p.ranks} learner rank(s) × [{p.rank_bundle.describe()}] {p.rank_strategy}, "
+                 f"{p.actors} actor(s) × [{p.actor_bundle.describe()}] SPREAD")
+        free = ray.available_resources()
+        free_s = ", ".join(f"{k} {free.get(k, 0.0):g}" for k in ("CPU", "GPU")) or "nothing"
+        nodes = "; ".join(n.describe() for n in cluster_nodes())
+        return (f"Ray accepted the placement groups but could not place the {' and the '.join(pending)} "
+                f"within {self.timeout_s:g} s (placement_timeout_s): asked {asked}; the nodes have {nodes}; "
+                f"free in the cluster now: {free_s}. Another job may hold resources or a node may have left: "
+                "free them or lower the request (--actors N, learner.world_size), or raise "
+                "--set placement_timeout_s=S while nodes are still joining.")
+
+    def strategy(self, group: str, bundle: int = -1):
+        """Scheduling strategy that runs a role in bundle `bundle` (-1 = any free one) of `group`."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.groups[group],
+                                                placement_group_bundle_index=bundle)
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups.values():
+            remove_placement_group(pg)
+        self.groups = {}

@@ -1,0 +1,341 @@
+"""Resource requests are planned before anything starts, against what each node has.
+
+Every role gets a Ray placement-group bundle of its own, and a bundle lives on one node:
+
+    learner rank: cpus_per_rank CPU, gpus_per_rank GPU, learner.custom_resources, ~LEARNER_OVERHEAD_GIB memory
+    actor:        cpus_per_actor CPU, gpus_per_actor GPU (= tensor_parallel_size on GPUs),
+                  rollout.custom_resources, ~kv_cache_gib (CPU engines only) + ENGINE_OVERHEAD_GIB memory
+                  (engines share a GPU at gpus_per_actor < 1, whose weights then travel over gloo: NCCL
+                  refuses two ranks on one GPU)
+
+`plan(cfg, nodes)` places the bundles the way `launch.planning.placement` asks Ray to: the learner ranks first,
+all on one node when one node can hold them (STRICT_PACK; among such nodes the one that leaves room for
+the most actors), else packed onto the nodes with the most room (PACK); then the actors spread over the
+nodes (SPREAD: one at a time onto the node holding the fewest actors that still has room). Memory is
+not a Ray resource of the bundles but is checked per node the same way. When the bundles do not fit,
+`ResourceError` says what was asked, what each node has and what to change — in milliseconds, instead
+of a scheduler waiting forever. Pure: tests pass declared nodes, no Ray needed.
+
+`resolve_auto(cfg, nodes)` decides the "auto" settings against the same nodes (see its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from configs.schema import RunConfig
+from configs.shared import GPU_MEMORY_UTILIZATION
+
+ENGINE_OVERHEAD_GIB = 1.5  # measured RSS of one vLLM-CPU engine (tiny model) beyond its KV cache
+LEARNER_OVERHEAD_GIB = 1.0
+MIN_CPUS_PER_ACTOR = 0.25  # below a quarter core an engine is too slow to be worth suggesting
+_EPS = 1e-9
+
+
+class ResourceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Node:
+    """What one node has: Ray's totals (CPU, GPU, memory in GiB, custom resources by name)."""
+
+    name: str
+    cpus: float
+    gpus: float
+    memory_gib: float
+    custom: Mapping[str, float] = field(default_factory=dict)
+
+    def capacity(self) -> dict[str, float]:
+        return {"CPU": self.cpus, "GPU": self.gpus, "memory": self.memory_gib, **self.custom}
+
+    def figures(self) -> str:
+        extra = "".join(f", {k} {v:g}" for k, v in sorted(self.custom.items()))
+        return f"{self.cpus:g} CPU, {self.gpus:g} GPU, {self.memory_gib:.1f} GiB{extra}"
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.figures()}"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One role's share of a node. `ray_resources()` is what the placement group reserves (memory is
+    checked by `plan` only: Ray's memory resource is an estimate taken when the node started)."""
+
+    cpus: float
+    gpus: float
+    memory_gib: float
+    custom: Mapping[str, float] = field(default_factory=dict)
+
+    def demand(self) -> dict[str, float]:
+        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, "memory": self.memory_gib,
+                                  **self.custom}.items() if v > 0}
+
+    def ray_resources(self) -> dict[str, float]:
+        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, **self.custom}.items() if v > 0}
+
+    def describe(self) -> str:
+        parts = [f"{self.gpus:g} GPU"] if self.gpus else []
+        parts += [f"{self.cpus:g} CPU", f"~{self.memory_gib:g} GiB"] + [f"{k} {v:g}" for k, v in sorted(self.custom.items())]
+        return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Bundles to reserve and where `plan` found room for them (Ray makes the real placement).
+    layout: (node name, learner ranks, actors) for every node that got something."""
+
+    rank_bundle: Bundle
+    actor_bundle: Bundle
+    ranks: int
+    actors: int
+    rank_strategy: str  # "STRICT_PACK" (all ranks on one node) or "PACK"
+    layout: tuple[tuple[str, int, int], ...]
+
+    def summary(self) -> str:
+        where = ", ".join(f"{n}: {r} rank(s) + {a} actor(s)" for n, r, a in self.layout)
+        return (f"{self.ranks} learner rank(s) × [{self.rank_bundle.describe()}] {self.rank_strategy}, "
+                f"{self.actors} actor(s) × [{self.actor_bundle.describe()}] SPREAD — room found on {where}")
+
+
+def local_node() -> Node:
+    """This machine as one node: the CPUs this process may use, CUDA GPUs, physical memory."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return Node("this machine", float(cpus), float(gpus), mem)
+
+
+def actor_count(cfg: RunConfig) -> int:
+    """Actors the run starts: none for algorithms that train on demonstrations only (SFT)."""
+    import algos
+
+    return 0 if algos.get(cfg.algo).trains_on_demonstrations_only else cfg.rollout.num_actors
+
+
+def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
+    """A copy of `cfg` with every "auto" decided against `nodes` (GPUs anywhere = a GPU cluster):
+
+        rollout.gpus_per_actor  auto -> rollout.engine.tensor_parallel_size with GPUs, else 0
+        learner.gpus_per_rank   auto -> 1 with GPUs, else 0
+        model.dtype             auto -> bfloat16 with GPUs, else float32
+        weight_sync.backend     auto -> nccl when learner ranks and actors both have GPUs and every actor
+                                        has whole GPUs, else gloo (engines sharing a GPU: `sharing_note`)
+        rollout.kv_cache_gib    null -> 1 GiB on CPU engines (null on GPUs: by gpu_memory_utilization)
+        rollout.engine.gpu_memory_utilization  null -> 0.85 on GPU engines without rollout.kv_cache_gib
+        learner.logprob_chunk_tokens  auto -> 1024 on GPU learner ranks, 4096 on CPU
+        learner.micro_batch_tokens    auto -> 16384 on GPU learner ranks, null on CPU
+
+    Raises `ResourceError` for requests that cannot work there: 0 GPUs for a role on a cluster with
+    GPUs (each vLLM engine and each learner rank would open GPU 0 and the second one fails), tensor
+    parallelism without GPUs, or NCCL with ranks sharing a GPU (NCCL's "Duplicate GPU detected": engines
+    at a fraction of a GPU with weight_sync.backend=nccl, learner ranks at a fraction of a GPU with
+    learner.world_size > 1). Idempotent on a resolved config.
+    """
+    gpus = sum(n.gpus for n in nodes) > 0
+    out = cfg.model_copy(deep=True)
+    r, lr = out.rollout, out.learner
+    tp = r.engine.tensor_parallel_size
+    if r.gpus_per_actor == "auto":
+        r.gpus_per_actor = float(tp) if gpus else 0.0
+    if lr.gpus_per_rank == "auto":
+        lr.gpus_per_rank = 1.0 if gpus else 0.0
+    if out.model.dtype == "auto":
+        out.model.dtype = "bfloat16" if gpus else "float32"
+    both_gpu = lr.gpus_per_rank > 0 and r.gpus_per_actor > 0
+    shared_gpu = 0 < r.gpus_per_actor != int(r.gpus_per_actor)  # engines share GPUs
+    if out.weight_sync.backend == "auto":
+        out.weight_sync.backend = "nccl" if both_gpu and not shared_gpu else "gloo"
+    engine_gpu, rank_gpu = r.gpus_per_actor > 0, lr.gpus_per_rank > 0
+    r.kv_cache_gib = r.resolved_kv_cache_gib(engine_gpu)
+    if engine_gpu and r.kv_cache_gib is None and r.engine.gpu_memory_utilization is None:
+        r.engine.gpu_memory_utilization = GPU_MEMORY_UTILIZATION
+    lr.logprob_chunk_tokens = lr.resolved_logprob_chunk_tokens(rank_gpu)
+    lr.micro_batch_tokens = lr.resolved_micro_batch_tokens(rank_gpu)
+    total = f"{sum(n.gpus for n in nodes):g}"
+    problems = []
+    if gpus and actor_count(out) and r.gpus_per_actor == 0:
+        problems.append(f"rollout.gpus_per_actor=0 on a cluster with {total} GPUs: every vLLM engine would open "
+                        f"GPU 0 — use --set rollout.gpus_per_actor=auto ({tp} per actor)")
+    if gpus and lr.gpus_per_rank == 0:
+        problems.append(f"learner.gpus_per_rank=0 on a cluster with {total} GPUs: every learner rank would open "
+                        "GPU 0 — use --set learner.gpus_per_rank=auto (1 per rank)")
+    if out.weight_sync.backend == "nccl" and actor_count(out) and not both_gpu:
+        problems.append("weight_sync.backend=nccl needs GPUs on the learner ranks and on the actors "
+                        f"(learner.gpus_per_rank={lr.gpus_per_rank:g}, rollout.gpus_per_actor={r.gpus_per_actor:g}) "
+                        "— use --set weight_sync.backend=gloo (or auto)")
+    if out.weight_sync.backend == "nccl" and actor_count(out) and shared_gpu:
+        problems.append(f"weight_sync.backend=nccl with rollout.gpus_per_actor={r.gpus_per_actor:g}: engines share "
+                        "GPUs and NCCL refuses two ranks of its group on one GPU (\"Duplicate GPU detected\") — "
+                        "use --set weight_sync.backend=gloo (or auto), or whole GPUs per actor: "
+                        f"--set rollout.gpus_per_actor=auto ({tp} per actor)")
+    if lr.world_size > 1 and 0 < lr.gpus_per_rank != int(lr.gpus_per_rank):
+        problems.append(f"learner.gpus_per_rank={lr.gpus_per_rank:g} with learner.world_size={lr.world_size}: ranks "
+                        "would share a GPU and the learner's NCCL process group refuses two ranks on one GPU "
+                        "(\"Duplicate GPU detected\") — use --set learner.gpus_per_rank=auto (1 per rank)")
+    if not gpus and tp > 1 and actor_count(out):
+        problems.append(f"rollout.engine.tensor_parallel_size={tp} shards each engine over GPUs but there are "
+                        "none — use --set rollout.engine.tensor_parallel_size=1")
+    if problems:
+        raise ResourceError("cannot start this run: " + "; ".join(problems) + ".")
+    return out
+
+
+def sharing_note(cfg: RunConfig) -> str | None:
+    """The start line of a resolved config whose engines share GPUs: weights travel over gloo, and why."""
+    g = cfg.rollout.gpus_per_actor
+    if not (0 < g != int(g)) or cfg.weight_sync.backend != "gloo" or not actor_count(cfg):
+        return None
+    return (f"[run] weight sync over gloo (CPU tensors over TCP): engines share GPUs (rollout.gpus_per_actor={g:g}) "
+            "and NCCL refuses two ranks on one GPU; whole GPUs per actor (rollout.gpus_per_actor=auto) push over NCCL")
+
+
+def role_bundles(cfg: RunConfig) -> tuple[Bundle, Bundle]:
+    """(learner rank bundle, actor bundle) of a resolved config."""
+    r, lr = cfg.rollout, cfg.learner
+    if "auto" in (r.gpus_per_actor, lr.gpus_per_rank):
+        raise ValueError("resolve the config first (launch.planning.resources.resolve_auto / ClusterInfo.resolve)")
+    # a GPU engine keeps its KV cache on the GPU
+    kv_host = r.resolved_kv_cache_gib(gpu=False) if r.gpus_per_actor == 0 else 0.0
+    return (Bundle(lr.cpus_per_rank, lr.gpus_per_rank, LEARNER_OVERHEAD_GIB, dict(lr.custom_resources)),
+            Bundle(r.cpus_per_actor, r.gpus_per_actor, kv_host + ENGINE_OVERHEAD_GIB, dict(r.custom_resources)))
+
+
+def _copies(free: Mapping[str, float], need: Mapping[str, float]) -> int:
+    """How many bundles of `need` fit into `free` (a bundle that needs nothing counts as fitting once more
+    than any real count, which never happens: every bundle asks for CPUs)."""
+    return min((math.floor((free.get(k, 0.0) + _EPS) / v) for k, v in need.items()), default=10**9)
+
+
+def _take(free: dict[str, float], need: Mapping[str, float], n: int) -> None:
+    for k, v in need.items():
+        free[k] = free.get(k, 0.0) - n * v
+
+
+def _place(nodes: Sequence[Node], ranks: int, actors: int, rank_b: Bundle, actor_b: Bundle):
+    """Mirror of Ray's order: ranks (STRICT_PACK on the best single node, else PACK), then actors (SPREAD).
+    Returns (strategy, ranks placed per node, actors placed per node)."""
+    rn, an = rank_b.demand(), actor_b.demand()
+    caps = [n.capacity() for n in nodes]
+    whole = [i for i, c in enumerate(caps) if _copies(c, rn) >= ranks]
+    placed_r = [0] * len(nodes)
+    if whole:
+        def room_after(i: int) -> int:
+            free = dict(caps[i])
+            _take(free, rn, ranks)
+            return _copies(free, an) + sum(_copies(c, an) for j, c in enumerate(caps) if j != i)
+
+        best = max(whole, key=room_after)  # first such node on ties
+        placed_r[best], strategy = ranks, "STRICT_PACK"
+    else:
+        strategy, left = "PACK", ranks
+        for i in sorted(range(len(nodes)), key=lambda i: -_copies(caps[i], rn)):
+            placed_r[i] = min(left, _copies(caps[i], rn))
+            left -= placed_r[i]
+    for i, c in enumerate(caps):
+        _take(c, rn, placed_r[i])
+    placed_a = [0] * len(nodes)
+    for _ in range(actors):
+        open_ = [i for i, c in enumerate(caps) if _copies(c, an) >= 1]
+        if not open_:
+            break
+        i = min(open_, key=lambda i: placed_a[i])
+        placed_a[i] += 1
+        _take(caps[i], an, 1)
+    return strategy, placed_r, placed_a
+
+
+def _fits(nodes, ranks, actors, rank_b, actor_b) -> bool:
+    _, pr, pa = _place(nodes, ranks, actors, rank_b, actor_b)
+    return sum(pr) == ranks and sum(pa) == actors
+
+
+def _largest(lo: float, hi: float, ok, digits: int = 2) -> float | None:
+    """Largest x in [lo, hi] with ok(x) (ok monotone: true below some point), rounded down to `digits`
+    significant digits; None when ok(lo) is false."""
+    if not ok(lo):
+        return None
+    a, b = lo, hi
+    for _ in range(40):
+        m = (a + b) / 2
+        a, b = (m, b) if ok(m) else (a, m)
+    scale = 10 ** (digits - 1 - math.floor(math.log10(a)))
+    x = math.floor(a * scale) / scale
+    return x if ok(x) else lo
+
+
+def _fixes(cfg: RunConfig, nodes, ranks: int, actors: int, rank_b: Bundle, actor_b: Bundle,
+           placed_r: int, placed_a: int) -> list[str]:
+    """Single changes, each of which makes the plan fit."""
+    fixes = []
+    if placed_r < ranks:  # the most ranks that leave room for every actor
+        w = next((w for w in range(placed_r, 0, -1) if _fits(nodes, w, actors, rank_b, actor_b)), None)
+        if w is not None:
+            fixes.append(f"--set learner.world_size={w}")
+    if placed_r == ranks and 1 <= placed_a < actors:
+        fixes.append(f"--actors {placed_a}")
+    if actors and actor_b.cpus > MIN_CPUS_PER_ACTOR:
+        c = _largest(MIN_CPUS_PER_ACTOR, actor_b.cpus, lambda c: _fits(
+            nodes, ranks, actors, rank_b, Bundle(c, actor_b.gpus, actor_b.memory_gib, actor_b.custom)))
+        if c is not None and c < actor_b.cpus:
+            fixes.append(f"--set rollout.cpus_per_actor={c:g}")
+    r = cfg.rollout
+    if actors and r.gpus_per_actor == 0:
+        for kv in range(math.ceil(r.resolved_kv_cache_gib(gpu=False)) - 1, 0, -1):
+            smaller = Bundle(actor_b.cpus, 0.0, kv + ENGINE_OVERHEAD_GIB, actor_b.custom)
+            if _fits(nodes, ranks, actors, rank_b, smaller):
+                fixes.append(f"--set rollout.kv_cache_gib={kv}")
+                break
+    if (actor_b.gpus or rank_b.gpus) and not sum(n.gpus for n in nodes):
+        fixes.append("--set rollout.gpus_per_actor=auto --set learner.gpus_per_rank=auto (0 without GPUs)")
+    return fixes
+
+
+def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False) -> Plan:
+    """Place every role's bundle on `nodes` (see the module docstring) or raise `ResourceError`.
+
+    `cfg` may hold "auto" settings: they are resolved against `nodes` first (`resolve_auto`).
+    `joined`: the nodes are a Ray cluster that was joined (the advice then is to add nodes rather
+    than to join a cluster).
+    """
+    if not nodes:
+        raise ResourceError("cannot start this run: the Ray cluster reports no live node")
+    cfg = resolve_auto(cfg, nodes)
+    rank_b, actor_b = role_bundles(cfg)
+    ranks, actors = cfg.learner.world_size, actor_count(cfg)
+    strategy, pr, pa = _place(nodes, ranks, actors, rank_b, actor_b)
+    if sum(pr) == ranks and sum(pa) == actors:
+        layout = tuple((n.name, r, a) for n, r, a in zip(nodes, pr, pa) if r or a)
+        return Plan(rank_b, actor_b, ranks, actors, strategy, layout)
+    asked = (f"{ranks} learner rank(s) × [{rank_b.describe()}] packed (one node when they fit) + "
+             f"{actors} actor(s) × [{actor_b.describe()}] spread over the nodes; each bundle must fit on one node")
+    have = "; ".join(n.describe() for n in nodes)
+    if sum(pr) < ranks:
+        found = f"room for only {sum(pr)} of the {ranks} learner ranks"
+        short_of = _short_in([n.capacity() for n in nodes], ranks, rank_b)
+    else:
+        found = f"room for the learner ranks but for only {sum(pa)} of the {actors} actors beside them"
+        left = [n.capacity() for n in nodes]
+        for c, r in zip(left, pr):
+            _take(c, rank_b.demand(), r)
+        short_of = _short_in(left, actors, actor_b)
+    fixes = _fixes(cfg, nodes, ranks, actors, rank_b, actor_b, sum(pr), sum(pa))
+    fixes.append("add nodes to the cluster" if joined else "join a larger cluster with --ray-address ADDR")
+    raise ResourceError(f"cannot start this run: asked {asked}; nodes: {have}; {found} ({short_of}). "
+                        f"Fix: {' or '.join(fixes)}.")
+
+
+def _short_in(free: Sequence[Mapping[str, float]], count: int, b: Bundle) -> str:
+    """Which resources the `count` bundles lack in total, or that the room is split across nodes."""
+    short = []
+    for k, v in b.demand().items():
+        total = sum(max(0.0, f.get(k, 0.0)) for f in free)
+        if count * v > total + _EPS:
+            unit = " GiB of memory" if k == "memory" else f" {k}"
+            short.append(f"{count * v:.4g}{unit} needed, {total:.4g} free")
+    return ", ".join(short) if short else "enough in total, but split across nodes: no node holds one more bundle"

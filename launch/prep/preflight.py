@@ -1,0 +1,161 @@
+"""Checks of every file and plugin a run names, before anything starts (`preflight`).
+
+Why: a missing tokenizer, a broken teacher row or a data file too small for the held-out split would
+otherwise surface seconds to minutes later, inside Ray or the buffer, as a long traceback with a run
+folder half made. `preflight` reads everything the run will read, in the driver, and stops at the first
+problem with a `PreflightError` whose message is one or two lines: the config key, what is wrong, the fix.
+It writes nothing. Checked, in order:
+
+- model.path: a directory with config.json (valid JSON), weights (*.safetensors / *.bin) and a tokenizer
+  that loads, has an eos token and a chat template (prompts are chat-formatted); its context
+  (max_position_embeddings) holds data.max_prompt_tokens + rollout.max_response_tokens (every vLLM
+  engine would fail at start otherwise, after the learner has loaded);
+- the prompts: data.path / data.eval_path load whole (`tasks.loaders`: the file, line and field of a bad
+  row), hold rows, and leave a training set after the held-out split; the synthetic task has enough
+  distinct problems;
+- data.demos (algorithms that train on demonstrations): loads whole with a demonstration per row, and
+  gives at least data.min_demo_match of the training prompts a demonstration (by question text);
+- reward.fn: loads and takes (prompt, response, ground_truth, extra) (`tasks.rewards.check_reward_fn`);
+- the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
+  with a tokenizer, or a function that loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import algos
+from configs.loading import value_of
+from configs.schema import RunConfig
+from launch.prep.data import load_prompt_records, match_demos, read_file
+from tasks.records import DataError
+from tasks.rewards import RewardSpecError, check_reward_fn, reward_name
+from tasks.worker import load_function
+
+
+class PreflightError(Exception):
+    """A file or plugin the run names cannot be used; the message names the key and the fix."""
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Raise `PreflightError` at the first problem (module docstring); return None when all is usable."""
+    spec = algos.get(cfg.algo)
+    if cfg.model.path is not None:
+        path = Path(cfg.model.path)
+        tokenizer = check_hf_dir("model.path", path)
+        if tokenizer.eos_token_id is None:
+            raise PreflightError(f"model.path: the tokenizer in {path} has no eos token — set tokenizer.eos_token "
+                                 "and save it")
+        if not getattr(tokenizer, "chat_template", None):
+            raise PreflightError(f"model.path: the tokenizer in {path} has no chat template (prompts are "
+                                 "chat-formatted) — set tokenizer.chat_template and save it")
+        check_context(cfg, path)
+    train = check_prompts(cfg)  # (training, held-out) records
+    if spec.needs_demonstrations and cfg.data.demos:
+        check_demos(cfg, *train)
+    try:
+        check_reward_fn(reward_name(cfg))
+    except RewardSpecError as e:
+        raise PreflightError(str(e)) from None
+    for key, kind in spec.files(cfg):
+        check_algorithm_file(cfg, key, kind)
+    if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
+                             "logging.wandb=false")
+
+
+def check_context(cfg: RunConfig, path: Path) -> None:
+    """The model's context (`max_position_embeddings` of its config.json) holds a prompt and a response."""
+    from launch.planning.model_shape import ModelShape, context_problem
+
+    try:
+        shape = ModelShape.read(path)
+    except (KeyError, TypeError, ValueError):  # a config.json of another layout: vLLM checks at start
+        return
+    problem = context_problem(shape, cfg.data.max_prompt_tokens, cfg.rollout.max_response_tokens, f"the model {path}")
+    if problem:
+        raise PreflightError(problem)
+
+
+def check_hf_dir(key: str, path: Path):
+    """The tokenizer of `path`, an HF model directory with config.json and weights (else `PreflightError`)."""
+    fix = f"{key} must be a local HF model directory (config.json, tokenizer and weights, as save_pretrained writes)"
+    if not path.is_dir():
+        raise PreflightError(f"{key}: {path} is not a directory — {fix}")
+    config = path / "config.json"
+    if not config.is_file():
+        raise PreflightError(f"{key}: {path} has no config.json — {fix}")
+    try:
+        json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PreflightError(f"{key}: {config} is not readable JSON ({e}) — {fix}") from None
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise PreflightError(f"{key}: {path} holds no weights (*.safetensors or *.bin) — {fix}")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise PreflightError(f"{key}: the tokenizer in {path} does not load ({why}) — save it there with "
+                             "tokenizer.save_pretrained(DIR)") from None
+
+
+def check_prompts(cfg: RunConfig) -> tuple[list, list]:
+    """The (training, held-out) records, or the `PreflightError` of the first file or split that cannot give them."""
+    d = cfg.data
+    if d.task == "file" and d.path is None:  # only algorithms that train on demonstrations alone get here
+        raise PreflightError("data.path: data.task=file needs the training prompts — pass --data FILE (the same "
+                             "file as --demos when the teacher file is your training set)")
+    for key in ("data.path", "data.eval_path"):
+        value = getattr(d, key.split(".")[1])
+        if d.task == "file" and value is not None and not Path(value).is_file():
+            raise PreflightError(f"{key}: no file {value} — pass a .jsonl or .parquet file")
+    try:
+        train, held_out = load_prompt_records(cfg)
+    except DataError as e:  # names the file, line and field, or data.eval_prompts
+        raise PreflightError(str(e)) from None
+    except ValueError as e:  # the synthetic task's problem space is too small
+        raise PreflightError(f"data.train_prompts: {e} — lower data.train_prompts / data.eval_prompts or widen "
+                             "data.arithmetic (more digits or operators)") from None
+    if d.task == "file" and d.eval_path and not held_out:
+        raise PreflightError(f"data.eval_path: {d.eval_path} has no rows — pass a file with held-out prompts")
+    return train, held_out
+
+
+def check_demos(cfg: RunConfig, train: list, held_out: list = ()) -> None:
+    """data.demos loads with a demonstration on every row and gives at least data.min_demo_match of the
+    training prompts theirs (`launch.prep.data.match_demos`)."""
+    path = Path(cfg.data.demos)
+    if not path.is_file():
+        raise PreflightError(f"data.demos: no file {path} — pass --demos FILE (.jsonl or .parquet with a "
+                             "demonstration column: target, solution, or data.fields.solution)")
+    try:
+        records = read_file(cfg, path, require_target=True)
+    except DataError as e:
+        raise PreflightError(f"data.demos: {e}") from None
+    match = match_demos(records, train, held_out)
+    if not match.demos:
+        raise PreflightError(f"data.demos: none of the {len(records)} demonstrations in {path} has the question of a "
+                             "training prompt (they are matched by question text) — give the teacher file of "
+                             "the training data")
+    problem = match.problem(path, cfg.data.min_demo_match)
+    if problem:
+        raise PreflightError(problem)
+
+
+def check_algorithm_file(cfg: RunConfig, key: str, kind: str) -> None:
+    """One file or plugin an algorithm names (`AlgoSpec.files`): the dotted `key` holds an HF model
+    directory (kind "hf_dir") or a module:function / file.py:function that must load ("function")."""
+    value = value_of(cfg, key)
+    if kind == "hf_dir":
+        check_hf_dir(key, Path(value))
+    elif kind == "function":
+        try:
+            load_function(value)
+        except Exception as e:
+            raise PreflightError(f"{key}={value}: {type(e).__name__}: {e}") from None
+    else:
+        raise ValueError(f"{cfg.algo}: unknown kind {kind!r} of {key} in AlgoSpec.files; use hf_dir or function")

@@ -1,0 +1,3 @@
+"""The roles placed on the cluster: `process_graph.ProcessGraph` (learner ranks and rollout actors as Ray
+actors, the weight-sync group they form, their deaths as `RoleLost`/`LearnerDied`), `roles` (the learner
+rank) and `actor_role` (an actor as placed). Owns the live processes; may import `prep` and `planning`."""

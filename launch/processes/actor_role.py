@@ -1,0 +1,53 @@
+"""`ActorRole`: a rollout actor as the orchestrator places it. It *is* `actors.actor.RolloutActor` (every
+method the driver calls is the actor's own), plus what its process needs before the engine starts and
+the two answers `launch.processes.process_graph.ProcessGraph` asks of every role (`start` returns the pid, `where`).
+
+`launch.processes.process_graph` wraps it with `ray.remote` (Ray names its processes `ray::ActorRole`), or with
+`--serial` calls it in the driver's process; either way the process environment of `actor_env` is set
+before it starts (Ray's runtime_env, or the driver's own environment), which its vLLM engine processes
+inherit.
+"""
+
+from __future__ import annotations
+
+import os
+
+from actors.actor import RolloutActor
+from launch.planning.cluster import joins_cluster
+from launch.processes.roles import node_host, to_log_file, where
+
+
+def actor_env(cfg) -> dict[str, str]:
+    """The environment of an actor's process: its engine's KV cache (`VLLM_CPU_KVCACHE_SPACE`, GiB).
+    Engines log at ERROR unless the user asks for more (their INFO lines would bury the
+    progress line: vLLM logs every weight reload); c10d's polling chatter is silenced the same way.
+    (No `VLLM_CPU_OMP_THREADS_BIND`: only vLLM's multiprocess executor applies it, and CPU engines run
+    the in-process one, `actors.engine`; the engine's threads are the process's torch threads, which
+    Ray sets from the actor's CPUs.)"""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(cfg.rollout.resolved_kv_cache_gib(gpu=False)))),
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+
+
+class ActorRole(RolloutActor):
+    """One rollout actor (`actors.actor.RolloutActor`), its output in its log file (`launch.processes.roles.to_log_file`)."""
+
+    def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts,
+                 initial_version: int = 0, skip: list | None = None, secrets=None):
+        """skip: (epoch, prompt) pairs never to generate (trained, discarded or held by the buffer:
+        `launch.state.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
+        to_log_file()
+        if joins_cluster(cfg):  # the engine's own processes talk over this node's address
+            os.environ.setdefault("VLLM_HOST_IP", node_host(cluster=True))
+        super().__init__(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,
+                         prompts=prompts, initial_version=initial_version, secrets=secrets)
+        if skip:
+            self.core.cursor.skip(skip)
+
+    def start(self) -> int:
+        """Start the engine and the group delivery (`RolloutActor.start`); returns this process's id."""
+        super().start()
+        return os.getpid()
+
+    def where(self) -> dict:
+        return where()

@@ -1,0 +1,372 @@
+"""`ProcessGraph`: the roles of a run (learner ranks, rollout actors) placed as Ray actors — or, with
+`--serial`, as plain objects in this process — behind one set of methods the driver calls.
+
+Ray is reached here (`launch.planning.cluster.init_ray`: the cluster the launch resolved into `cfg.ray_address`,
+else a local Ray), the roles' placement groups are reserved before any role starts
+(`launch.planning.placement.Placement`: learner ranks packed, actors spread, a deadline instead of a hang), and
+each role runs in a bundle of its group with explicit resources (CPU shares, GPUs, custom resources)
+from the resolved config. A dead actor (its process gone, unresponsive, or its vLLM
+engine dead) is found by the health check the driver runs every step and whenever a weight push fails;
+`replace_actors` replaces it with a fresh one that walks the dead actor's shard past every prompt the
+ledger accounts for (`launch.state.ledger`), and the driver then rebuilds the weight-sync group (a failed
+group cannot be reused), pushes the current weights and only then lets the new actor generate (see
+`launch.state.recovery`).
+
+A crashed actor's vLLM engine processes do not linger beside its replacement: Ray puts every worker in
+a process group of its own and kills the group when the worker dies (`RAY_process_group_cleanup_enabled`,
+on by default in the pinned Ray; the actor-restart end-to-end test checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import algos
+from buffer.records import Key
+from configs.schema import RunConfig
+from launch.planning.cluster import cluster_nodes, init_ray, joins_cluster
+from launch.prep.data import RunData
+from launch.processes.roles import LOG_FILE_ENV, LearnerRank, named
+
+
+class LocalRole:
+    """A role object in this process (`--serial`) behind a Ray actor handle's calls:
+    `role.method.remote(...)` runs `method(...)` at once and returns what `ray.get` of it would."""
+
+    def __init__(self, obj):
+        self._obj = obj
+
+    def __getattr__(self, name):
+        return SimpleNamespace(remote=getattr(self._obj, name))
+
+
+class RoleLost(RuntimeError):
+    """A role the run cannot do without died and could not be replaced (the buffer's restart failed). The
+    message is one line naming the process, why, and its log; the launcher adds how to go on."""
+
+
+class LearnerDied(RuntimeError):
+    """A learner rank's process is gone: the run cannot go on without it. The message is one line
+    naming the rank, its process, its host and its log; the launcher adds what the run does next
+    (`launch.commands.train`)."""
+
+
+class ProcessGraph:
+    def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print,
+                 log_dir: Path | None = None):
+        """secrets: the run's client credentials (`RunSecrets.public()`) handed to every actor; the
+        buffer's address is set once the buffer runs (`buffer_address`). log_dir: where each Ray role
+        writes its output (`<role>.log`, `launch.processes.roles.to_log_file`); None = Ray forwards it to the
+        terminal (logging.verbose)."""
+        self.cfg, self.model_dir, self.data, self.secrets, self.log = cfg, model_dir, data, secrets, log
+        self.log_dir = None if cfg.serial else log_dir
+        self.buffer_address: str | None = None
+        self.serial = cfg.serial
+        self.ranks: list = []
+        self.actors: list = []
+        self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
+        self._train = None  # the training prompts as the actors get them (`start_actors`)
+        self._starting: list = []  # the actors' start calls in flight (`start_actors` -> `await_actors`)
+        self._actors_since = 0.0  # monotonic time `start_actors` began
+        self.restarts = 0
+        self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
+        if not self.serial:
+            import ray
+
+            from launch.planning.placement import Placement
+            from launch.planning.resources import local_node, plan
+
+            init_ray(cfg)
+            self._ray = ray
+            try:  # the nodes the launch checked: a local Ray's memory resource is only Ray's estimate
+                joined = joins_cluster(cfg)
+                p = plan(cfg, cluster_nodes() if joined else [local_node()], joined=joined)
+                self.placement = Placement(p, cfg.placement_timeout_s)
+                self.placement.reserve()
+            except Exception:
+                ray.shutdown()
+                raise
+            log(f"[graph] placement: {p.summary()}")
+
+    # ------------------------------------------------------------------ helpers
+    def node_ip(self) -> str:
+        """This (the driver's) node's IP as Ray reports it: what services the driver starts advertise."""
+        return self._ray.util.get_node_ip_address()
+
+    def _get(self, futures, timeout: float | None = None):
+        if self.serial:
+            return futures
+        return self._ray.get(futures, timeout=timeout)
+
+    def log_file(self, role: str) -> Path | None:
+        """The file role `role` ("learner-0", "actor-1") writes its output to (None: the terminal)."""
+        return None if self.log_dir is None else self.log_dir / f"{role}.log"
+
+    def log_ref(self, role: str, handle) -> str:
+        """Where to read the output of `role`, Ray actor `handle`: its log file, or with logging.verbose
+        (output on the terminal, and in Ray's files) Ray's command that prints it."""
+        log = self.log_file(role)
+        return str(log) if log is not None else f"`ray logs actor --id {handle._actor_id.hex()}`"
+
+    def actor_named(self, i: int) -> str:
+        """Actor `i` as a fault message names it (`launch.processes.roles.named`): its process as last seen by
+        `where` (read before a successor replaces it)."""
+        host = self._where.get(f"actor/{i}", {}).get("host", "?")
+        log = None if self.serial else self.log_ref(f"actor-{i}", self.actors[i])  # --serial: the terminal
+        return named(f"actor {i}", self.pids[i], host, log)
+
+    def _make(self, cls, *, num_cpus: float, num_gpus: float, max_concurrency: int, env: dict | None = None,
+              bundle: int = -1, role: str = ""):
+        """Constructor of `cls` as a Ray actor in bundle `bundle` (-1 = any free one) of its placement
+        group (learner ranks: "learner", actors: "actors"), or a plain object with --serial."""
+        if self.serial:
+            return lambda *a, **k: LocalRole(cls(*a, **k))
+        group, section = ("learner", self.cfg.learner) if cls is LearnerRank else ("actors", self.cfg.rollout)
+        opts = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": max_concurrency, "max_restarts": 0,
+                "scheduling_strategy": self.placement.strategy(group, bundle)}
+        if section.custom_resources:
+            opts["resources"] = dict(section.custom_resources)
+        env = dict(env or {})
+        if self.log_file(role) is not None:
+            env[LOG_FILE_ENV] = str(self.log_file(role))
+        if env:
+            opts["runtime_env"] = {"env_vars": env}
+        return self._ray.remote(cls).options(**opts).remote
+
+    # ------------------------------------------------------------------ learner
+    def start_learner(self, rank_cores: list, *, cluster: bool, weight_sync_token: str) -> None:
+        """Create the learner ranks: rank 0 first, which picks the ranks' rendezvous on its own node
+        (its node IP when `cluster`, loopback on a single machine; see `LearnerRank`), then the others
+        with that address. They build their learners in the background (methods wait for them).
+        `weight_sync_token` (`RunSecrets.weight_sync_token`) is kept for `connect_weight_sync`."""
+        lc, w = self.cfg.learner, self.cfg.learner.world_size
+        self._weight_sync_token = weight_sync_token
+        def make(r: int):
+            return self._make(LearnerRank, num_cpus=lc.cpus_per_rank, num_gpus=lc.gpus_per_rank, max_concurrency=2,
+                              role=f"learner-{r}")
+
+        first = make(0)(self.cfg, 0, w, str(self.model_dir), rank_cores[0], cluster)
+        rendezvous = self._get(first.rendezvous.remote())
+        self.ranks = [first] + [make(r)(self.cfg, r, w, str(self.model_dir), rank_cores[r], cluster, rendezvous)
+                                for r in range(1, w)]
+
+    def _on_ranks(self, futures):
+        """`_get(futures)` of learner-rank calls; a rank whose process died raises `LearnerDied`."""
+        if self.serial:
+            return futures
+        try:
+            return self._get(futures)
+        except self._ray.exceptions.RayActorError as e:
+            raise LearnerDied(self._dead_ranks(e) or f"a learner rank died (process gone: {type(e).__name__})") from None
+
+    def _dead_ranks(self, error: BaseException) -> str:
+        """'learner rank 1 (pid 4242 on vm; log run/logs/learner-1.log) died (process gone: ActorDiedError)':
+        the ranks that do not answer, as last seen by `where` (a SIGKILLed rank leaves no last words, so
+        the line names its log rather than quoting it); '' when every rank answers."""
+        dead = []
+        for r, h in enumerate(self.ranks):
+            try:
+                self._ray.get(h.where.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - gone, or not answering: either way it cannot train
+                was = self._where.get(f"learner/{r}", {})
+                dead.append(named(f"learner rank {r}", was.get("pid", "?"), was.get("host", "?"),
+                                  self.log_ref(f"learner-{r}", h)))
+        return f"{' and '.join(dead)} died (process gone: {type(error).__name__})" if dead else ""
+
+    def step(self, groups, version: int) -> dict:
+        batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
+        return self._on_ranks([r.step.remote(batch, version) for r in self.ranks])[0]
+
+    def start_push(self, version: int) -> None:
+        """Gather the weights on every rank and start sending them as `version` (rank 0 sends in the
+        background: `finish_push` waits for it, and a new `start_push` waits for the previous one)."""
+        self._on_ranks([r.push_weights.remote(version) for r in self.ranks])
+
+    def finish_push(self) -> dict:
+        """Stats of the push in flight once every actor has loaded it ({} when none); raises its error."""
+        return self._on_ranks(self.ranks[0].push_result.remote())
+
+    def push_weights(self, version: int) -> dict:
+        """Push `version` and wait until every actor has loaded it."""
+        self.start_push(version)
+        return self.finish_push()
+
+    def save(self, path: Path, extra_state: dict) -> None:
+        self._on_ranks([r.save.remote(str(path), extra_state) for r in self.ranks])
+
+    def load(self, path: Path) -> dict:
+        return self._get([r.load.remote(str(path)) for r in self.ranks])[0]
+
+    # ------------------------------------------------------------------ actors
+    def _new_actor(self, i: int, skip: list[Key], version: int):
+        from launch.processes.actor_role import ActorRole, actor_env
+
+        r = self.cfg.rollout
+        env = actor_env(self.cfg)
+        if self.serial:  # the engine processes inherit this process's environment
+            os.environ.update(env)
+        make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
+                          env=env, bundle=i, role=f"actor-{i}")
+        return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, version,
+                    [list(k) for k in skip], self.secrets)
+
+    def start_actors(self, skip: list[Key], version: int = 0) -> None:
+        """Create the actors and start their engines, without waiting (`await_actors` does): the learner
+        ranks can start meanwhile."""
+        if algos.get(self.cfg.algo).trains_on_demonstrations_only:
+            return
+        # the training prompts: put in Ray's object store once, not pickled into every actor's arguments
+        self._train = self.data.train if self.serial else self._ray.put(self.data.train)
+        self._actors_since = time.monotonic()
+        self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
+        self._starting = [a.start.remote() for a in self.actors]
+
+    def await_actors(self) -> None:
+        """Wait until every engine `start_actors` started is up; says how long it took."""
+        if not self.actors:
+            return
+        self.pids = self._get(self._starting)
+        pids = "" if self.serial else f" (pids {', '.join(map(str, self.pids))})"
+        self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - self._actors_since:.0f}s{pids}")
+
+    def connect_weight_sync(self) -> None:
+        """Every actor joins rank 0's weight-sync group (on rank 0's node, admitted with the run's
+        weight-sync token) and follows its pushes."""
+        if not self.actors:
+            return
+        token = self._weight_sync_token
+        host, port = self._on_ranks(self.ranks[0].reset_sender.remote(len(self.actors), token))
+        if self.serial:  # the sender waits for every receiver: join them from their own loop threads
+            import threading
+
+            threads = [threading.Thread(target=a.connect_weight_sync.remote, args=(host, port, token))
+                       for a in self.actors]
+            for t in threads:
+                t.start()
+            self.ranks[0].connect_sender.remote()
+            for t in threads:
+                t.join()
+        else:
+            try:
+                self._get([a.connect_weight_sync.remote(host, port, token) for a in self.actors]
+                          + [self.ranks[0].connect_sender.remote()])
+            except Exception as e:  # an actor's or the sender's failure (the actors time out if rank 0 died)
+                dead = self._dead_ranks(e)  # a dead rank stops the run as LearnerDied: --max-restarts resumes it
+                if dead:
+                    raise LearnerDied(dead) from None
+                raise
+        self._get([a.follow_weight_updates.remote() for a in self.actors])
+
+    def start_rollouts(self, which: list[int] | None = None) -> None:
+        """Start generating on the actors `which` (all by default)."""
+        ids = range(len(self.actors)) if which is None else which
+        self._get([self.actors[i].start_rollouts.remote() for i in ids])
+
+    def actor_stats(self, timeout_s: float = 30.0) -> tuple[dict[int, dict], dict[int, str]]:
+        """({actor: stats} of the live actors, {actor: why it counts as dead} of the others), asked of
+        every actor at once: one deadline of `timeout_s` for all of them, not one each."""
+        if self.serial:
+            stats = {i: a.stats.remote() for i, a in enumerate(self.actors)}
+            dead = {i: "its vLLM engine died" for i, st in stats.items() if st.get("engine_dead")}
+            return {i: st for i, st in stats.items() if i not in dead}, dead
+        refs = [a.stats.remote() for a in self.actors]
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        stats, dead, ready = {}, {}, set(ready)
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                dead[i] = f"no answer within {timeout_s:.0f}s"
+                continue
+            try:
+                st = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError as e:
+                dead[i] = f"process gone: {type(e).__name__}"
+                continue
+            if st.get("engine_dead"):
+                dead[i] = "its vLLM engine died"
+            else:
+                stats[i] = st
+        return stats, dead
+
+    def kill_actors(self, ids: list[int], timeout_s: float = 30.0) -> None:
+        """Kill the actors `ids` and wait until Ray reports them dead (at most `timeout_s`), so none of
+        them can push another group once the driver decides what their successors must generate."""
+        for i in ids:
+            try:
+                if self.serial:
+                    self.actors[i].close.remote()
+                else:
+                    self._ray.kill(self.actors[i], no_restart=True)
+            except Exception as e:  # noqa: BLE001 - it is dead already, or dying: go on
+                self.log(f"[graph] stopping actor {i} failed: {e}")
+        if self.serial:
+            return
+        deadline = time.monotonic() + timeout_s
+        for i in ids:
+            while time.monotonic() < deadline:
+                try:
+                    self._ray.get(self.actors[i].stats.remote(), timeout=1.0)
+                except self._ray.exceptions.RayActorError:
+                    break
+                except self._ray.exceptions.GetTimeoutError:
+                    pass
+            else:
+                self.log(f"[graph] actor {i} was not reported dead within {timeout_s:.0f}s of its kill")
+
+    def replace_actors(self, ids: list[int], skip: list[Key], version: int) -> None:
+        """Start successors of the (killed) actors `ids`, skipping the prompts `skip` (see `ActorRole`),
+        whose weights are labelled `version`; they start their engines but neither join the weight sync
+        nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
+        for i in ids:
+            self.actors[i] = self._new_actor(i, skip, version)
+        pids = self._get([self.actors[i].start.remote() for i in ids])
+        for i, pid in zip(ids, pids):
+            self.pids[i] = pid
+        self.restarts += len(ids)
+
+    def delivered_since(self, wall_time: float) -> dict[int, list]:
+        """{actor: (epoch, prompt) keys the buffer acknowledged since `wall_time`}, asked of all at once."""
+        return dict(enumerate(self._get([a.delivered_since.remote(wall_time) for a in self.actors])))
+
+    def requeue(self, keys_by_actor: dict[int, list]) -> None:
+        self._get([self.actors[i].requeue.remote(keys) for i, keys in keys_by_actor.items() if keys])
+
+    def where(self) -> dict[str, dict]:
+        """{role: {pid, host}} of the learner ranks and actors (`processes.json`)."""
+        roles = [f"learner/{r}" for r in range(len(self.ranks))] + [f"actor/{i}" for i in range(len(self.actors))]
+        self._where = dict(zip(roles, self._get([h.where.remote() for h in self.ranks + self.actors])))
+        return self._where
+
+    def evaluate(self, items) -> dict:
+        """Held-out accuracy, the items spread over all actors (actor i scores items i, i + N, ...) and
+        the accuracies weighted by their counts."""
+        n = len(self.actors)
+        results = self._get([a.evaluate.remote(items[i::n]) for i, a in enumerate(self.actors) if items[i::n]])
+        total = sum(r["n"] for r in results)
+        return {"accuracy": sum(r["accuracy"] * r["n"] for r in results) / total if total else float("nan"),
+                "n": total}
+
+    def stop_actors(self, drain: bool, timeout_s: float) -> None:
+        self._get([a.stop.remote(drain, timeout_s) for a in self.actors])
+
+    def shutdown(self) -> None:
+        for i, a in enumerate(self.actors):
+            self._close(a, f"actor {i}", timeout_s=60)
+        for r, h in enumerate(self.ranks):
+            self._close(h, f"learner rank {r}", timeout_s=30)
+        if not self.serial and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    def _close(self, handle, role: str, timeout_s: float) -> None:
+        """Close one role. A role whose process is gone has nothing to close, and its death was said when
+        it was found: nothing more is said (Ray's account of it is an 8-line block). Any other failure
+        is one line."""
+        try:
+            self._get(handle.close.remote(), timeout=timeout_s) if not self.serial else handle.close.remote()
+        except Exception as e:  # noqa: BLE001 - shutting down: report and go on
+            if self.serial or not isinstance(e, self._ray.exceptions.RayActorError):
+                cause = getattr(e, "cause", None) or e  # a RayTaskError's first line names only the call
+                self.log(f"[graph] closing {role} failed ({type(cause).__name__}: "
+                         f"{(str(cause).strip().splitlines() or [''])[0][:200]})")

@@ -1,0 +1,220 @@
+"""Keeping the run's processes alive for the driver: a dead actor or a dead buffer process is
+restarted where the run is, and no prompt is skipped or trained twice (the prompt ledger decides what
+is regenerated, `launch.state.ledger`).
+
+- Actors: a health check (`check_actors`, and a weight push that blames them, `settle_push`) finds
+  the dead ones; `restart_actors` kills them, releases their credit, starts successors that skip every
+  prompt the ledger and the buffer account for, re-syncs the weights, and only then lets them generate.
+- The buffer: every driver call to it goes through `call_on_live_buffer`, which restarts a dead buffer
+  first (`launch.state.buffer_keeper`: from its latest snapshot minus what was trained since) and re-queues
+  the prompts only the dead buffer had to the actors that delivered them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from buffer.client import BufferClient, BufferUnavailable
+from buffer.records import Key
+from launch.processes.process_graph import RoleLost
+from launch.processes.roles import named, where
+from launch.state.buffer_keeper import BufferKeeper, lost_prompts
+from launch.state.position import RunPosition
+
+HEALTH_EVERY_S = 5.0  # how often a training driver checks actor health (one parallel call to all of them)
+BUFFER_TIMEOUT_S = 20.0  # the driver's buffer calls: longer than any snapshot, short enough to notice a death
+BUFFER_EXIT_S = 2.0  # how long a buffer that dropped the connection may take to be seen dead (`await_buffer_exit`)
+
+
+def push_suspects(error: BaseException, actors: int) -> dict[int, str]:
+    """{actor: why} of the actors a failed weight push blames (`WeightSyncError.suspects`, keyed by
+    receiver name "actor-<i>"; read through Ray's wrapper too): those that died, stalled or never
+    acknowledged the version in time."""
+    for err in (error, getattr(error, "cause", None), error.__cause__):
+        suspects = getattr(err, "suspects", None)
+        if suspects:
+            names = {f"actor-{i}": i for i in range(actors)}
+            return {names[n]: f"failed the weight push: {why}" for n, why in suspects.items() if n in names}
+    return {}
+
+
+class Recovery:
+    """The driver's handle on its actors and buffer process, restarting whichever died.
+
+    position: the driver's (read for the version and the ledger at each restart). keeper: owns the
+    buffer process at `buffer_address` (None: the buffer is someone else's, e.g. a test's, and a dead
+    one ends the run). data: the run's demonstrations, which a buffer that starts empty is given."""
+
+    def __init__(self, graph, position: RunPosition, progress, run_dir: Path, buffer_address: str, *,
+                 data=None, secrets=None, keeper: BufferKeeper | None = None):
+        self.graph, self.position, self.progress, self.run_dir = graph, position, progress, run_dir
+        self.address, self.data, self.secrets, self.keeper = buffer_address, data, secrets, keeper
+        self.client = self._connect()  # replaced when the buffer restarts
+        self.add_demos()
+        self.reports: dict[int, dict] = {}  # each live actor's last stats (reward counters)
+        self.last_health = 0.0  # time.monotonic() of the last actor health check
+        self.unreported_push: dict = {}  # stats of the last push settled, until a metrics row takes them
+
+    def _connect(self) -> BufferClient:
+        return BufferClient(self.address, "driver", timeout_s=BUFFER_TIMEOUT_S, secrets=self.secrets)
+
+    # ------------------------------------------------------------------ the buffer
+    def add_demos(self) -> None:
+        """Give the buffer the run's demonstrations (it attaches them to guided groups)."""
+        if self.data is not None and self.data.demos:
+            self.client.add_demos({int(k): v for k, v in self.data.demos.items()}, rewards=self.data.demo_rewards)
+
+    def held_prompts(self) -> list[Key]:
+        """(epoch, prompt) of every group the buffer holds now."""
+        return [tuple(k) for k in self.client.stats().get("held_prompts", [])]
+
+    def call_on_live_buffer(self, call):
+        """`call(client)` on a live buffer: a dead one is restarted first (a request to a dead buffer waits
+        out the client's send timeout, BUFFER_TIMEOUT_S, before failing), and when it dies under the call,
+        the call runs once more after the restart."""
+        self.restart_dead_buffer()
+        try:
+            return call(self.client)
+        except BufferUnavailable:
+            self.await_buffer_exit()
+            if not self.restart_dead_buffer():
+                raise
+            return call(self.client)
+
+    def await_buffer_exit(self, within_s: float = BUFFER_EXIT_S) -> None:
+        """A killed process closes its sockets a moment before it can be reaped: the driver's client may see
+        the connection lost while the process still counts as alive. Give its exit up to `within_s` to show."""
+        deadline = time.monotonic() + within_s
+        while self.keeper is not None and self.keeper.death() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def restart_dead_buffer(self) -> bool:
+        """Restart the buffer process if it died (`launch.state.buffer_keeper`); True when it did."""
+        why = self.keeper.death() if self.keeper is not None else None
+        if why is None:
+            return False
+        t0 = time.monotonic()
+        was = named("the buffer process", self.keeper.pid, where()["host"], self.keeper.log_path)  # the driver's host
+        ledger = self.position.ledger
+        try:
+            info = self.keeper.restart(ledger.trained)
+        except Exception as e:  # noqa: BLE001 - whatever stopped the new process, the run cannot go on
+            cause = (str(e).strip().splitlines() or [""])[0][:200]
+            raise RoleLost(f"[buffer] {was} died ({why}); starting a new one failed ({type(e).__name__}: {cause})"
+                           "; the run stopped") from e
+        self.client.close()
+        self.client = self._connect()
+        if info["snapshot"] is None:
+            self.add_demos()
+        self.client.set_version(self.position.version)
+        # what the actors delivered since the snapshot, read before what the new buffer holds
+        delivered = self.graph.delivered_since(info["since"]) if self.graph.actors else {}
+        held = self.held_prompts()
+        settled = ledger.accepted()  # trained or discarded
+        lost = {i: lost_prompts(keys, settled, held) for i, keys in delivered.items()}
+        self.graph.requeue(lost)
+        r = info["restored"]
+        source = (f"{r.get('groups', 0)} groups restored from {info['snapshot']} ({r.get('excluded', 0)} trained "
+                  "since then left out)" if info["snapshot"] else "no snapshot yet: it started empty")
+        self.progress.message(f"[buffer] {was} died ({why}); restarted as pid {self.keeper.pid} in "
+                              f"{time.monotonic() - t0:.0f}s: {source}; {sum(map(len, lost.values()))} prompts it "
+                              "had lost re-queued")
+        self.write_processes()
+        return True
+
+    # ------------------------------------------------------------------ the actors
+    def check_actors(self) -> dict[int, str]:
+        """Health check of the actors: restart the dead ones (`restart_actors`); returns {actor: why} of those."""
+        if not self.graph.actors:
+            return {}
+        stats, dead = self.graph.actor_stats()
+        self.last_health = time.monotonic()
+        self.reports.update(stats)
+        if dead:
+            self.restart_actors(dead)
+        return dead
+
+    def check_actors_if_due(self) -> None:
+        """`check_actors` when the last check is HEALTH_EVERY_S old."""
+        if time.monotonic() - self.last_health >= HEALTH_EVERY_S:
+            self.check_actors()
+
+    def restart_actors(self, dead: dict[int, str]) -> None:
+        """Replace dead actors: release their credit, start successors that walk the dead actor's shard
+        from the top skipping every prompt the ledger and the buffer account for (trained, discarded or
+        held: `launch.state.ledger`), so what it had in flight or undelivered is generated again; rebuild the
+        weight-sync group, push the current weights to every actor, and only then let the successors
+        generate. An actor that dies meanwhile (the group or the push fails on it) is replaced the same
+        way before anyone generates."""
+        t0, version = time.monotonic(), self.position.version
+        deaths, replaced = [], []  # (actor, its dead process, why, prompts its successor skips); actor ids
+        while dead:
+            was = {i: self.graph.actor_named(i) for i in dead}  # pid, host and log of the dead process
+            self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
+            for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
+                with BufferClient(self.address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
+                    ghost.release_credit(2**20)
+            skip = self.position.ledger.accepted(self.held_prompts())
+            for i, why in dead.items():
+                self.reports.pop(i, None)
+                deaths.append((i, was[i], why, len(skip)))
+            replaced += [i for i in dead if i not in replaced]
+            self.graph.replace_actors(list(dead), skip, version)
+            dead = self._resync(version)
+        self.graph.start_rollouts(replaced)
+        for i, was_i, why, skipped in deaths:
+            self.progress.message(f"[actor] {was_i} died ({why}); restarted as pid "
+                                  f"{self.graph.pids[i]} and re-synced to version {version} in "
+                                  f"{time.monotonic() - t0:.0f}s; its shard resumes past the {skipped} prompts "
+                                  "trained, discarded or buffered")
+        self.write_processes()
+
+    def _resync(self, version: int) -> dict[int, str]:
+        """Rebuild the weight-sync group and push `version` to every actor; {} when that worked, else
+        {actor: why} of the actors found dead by then (another actor died during a restart: the caller
+        replaces it too). A failure no dead actor explains is raised."""
+        try:
+            self.graph.connect_weight_sync()
+            self.graph.push_weights(version)
+            return {}
+        except Exception as e:
+            return self._blame(e)
+
+    def _blame(self, error: Exception) -> dict[int, str]:
+        """{actor: why} of the actors a failed weight-sync call implicates: dead by the health check, or
+        named by the error (alive but stuck in the push = dead too); `error` is raised again when none is."""
+        stats, dead = self.graph.actor_stats()
+        dead = push_suspects(error, len(self.graph.actors)) | dead
+        if not dead:
+            raise error
+        self.reports.update(stats)
+        return dead
+
+    def settle_push(self) -> dict | None:
+        """Wait for the weight push in flight (it travels while the learner pulls and trains the next
+        batch) and return its stats ({} when none was in flight; kept in `unreported_push` for the next
+        metrics row). A push that failed because an actor died restarts it, which re-syncs every actor
+        to the current version: then None."""
+        if not self.graph.actors:
+            return {}
+        try:
+            stats = self.graph.finish_push()
+            self.unreported_push = stats or self.unreported_push
+            return stats
+        except Exception as e:
+            self.restart_actors(self._blame(e))  # says it, one line per actor: the push's own error adds nothing
+            return None
+
+    # ------------------------------------------------------------------ processes.json
+    def write_processes(self) -> None:
+        """run_dir/processes.json: role -> {pid, host} of the run's processes, rewritten after a restart."""
+        roles = {"driver": where()}
+        if self.keeper is not None:
+            roles["buffer"] = {**where(), "pid": self.keeper.pid}
+        roles |= self.graph.where()
+        tmp = self.run_dir / ".processes.json.tmp"
+        tmp.write_text(json.dumps(roles, indent=1))
+        os.replace(tmp, self.run_dir / "processes.json")
