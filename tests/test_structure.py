@@ -4,6 +4,7 @@ instant, and a new algorithm's options are read without its maths).
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,15 @@ def test_configs_load_and_validate_without_torch():
             "print(sorted(m for m in ('torch', 'vllm', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", f"importing configs loaded {out.stdout.strip()}"
+
+
+def test_architecture_doc_names_only_paths_that_exist():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    named = {m for m in re.findall(r"`([^`\s]+)`", doc)
+             if "/" in m and "<" not in m and re.search(r"(\.py|\.md|\.yaml|/)$", m)}
+    assert len(named) >= 30, f"the map names few paths: {sorted(named)}"
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+    # every room of launch/ is on the map
+    rooms = {f"launch/{p.name}/" for p in (ROOT / "launch").iterdir() if (p / "__init__.py").exists()}
+    assert rooms <= named, f"rooms missing from docs/architecture.md: {sorted(rooms - named)}"
