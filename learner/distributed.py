@@ -1,7 +1,7 @@
 """Process-group setup and the few collectives the learner needs besides FSDP's own.
 
-- `init_distributed`: gloo on CPU, NCCL on GPU; a world of one gets a private TCP store on a free
-  port, so a single process needs no launcher. Several ranks meet at the address rank 0 chose on
+- `init_distributed`: gloo on CPU, NCCL on GPU; a world of one gets an in-process store (no rendezvous,
+  no launcher) and leaves the environment as it found it. Several ranks meet at the address rank 0 chose on
   its own node (`free_port` on the host it advertises; see `launch.processes.roles.LearnerRank`).
 - `gather_rows`: every rank computes model outputs (π_prox, reference, PRM) for its own rows only;
   the advantage needs them for the whole step, so they are all-gathered into the global row order.
@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -43,7 +44,11 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
     """Initialise the default process group (no-op when one exists with the same size).
 
     init_method: e.g. "tcp://host:port" (rank 0 hosts the store there, the others connect); default:
-    env:// when MASTER_ADDR is set, else (world of one only) a private store on a free local port.
+    env:// when MASTER_ADDR is set, else (world of one only) an in-process `HashStore`: nothing to serve
+    or dial. A world of one changes no environment variable: the process may go on to host the weight
+    sync, whose gloo group and NCCL bootstrap read GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, and on a
+    cluster those must not say loopback (gloo's device for the group of one is made on loopback while
+    the group is built, then the variables are restored: `loopback_while`).
 
     Listening: a "tcp://host:port" rendezvous store listens on `host` only (`rendezvous_store`: torch's
     own would bind every interface); a loopback host (one machine) also keeps gloo's sockets on the
@@ -59,27 +64,29 @@ def init_distributed(rank: int, world_size: int, device: torch.device, init_meth
             raise RuntimeError(f"a process group of size {dist.get_world_size()} (rank {dist.get_rank()}) "
                                f"already exists; the learner was asked for rank {rank} of {world_size}")
         return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=timeout_s)
     if init_method is None:
         if "MASTER_ADDR" in os.environ:
             init_method = "env://"
         elif world_size == 1:
-            init_method = f"tcp://{LOOPBACK}:{free_port()}"
+            with loopback_while():
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            return
         else:
             raise RuntimeError("world_size > 1 needs MASTER_ADDR/MASTER_PORT or an init_method "
                                "(set by whatever starts the ranks, e.g. launch.processes.roles.LearnerRank)")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     url = urlsplit(init_method)
     if url.scheme != "tcp":  # env:// (a launcher's own store), file://: as torch does it
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=timeout)
         return
     if ipaddress.ip_address(socket.gethostbyname(url.hostname)).is_loopback:
         keep_on_loopback()
     store = rendezvous_store(url.hostname, url.port, rank == 0, timeout_s)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def loopback_interface() -> str:
@@ -95,6 +102,19 @@ def keep_on_loopback() -> None:
     lo = loopback_interface()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
     os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+
+
+@contextlib.contextmanager
+def loopback_while():
+    """`keep_on_loopback` for the duration of the block only: the variables the user did not set are
+    removed again after it (for a group of one, whose gloo device is made when the group is built)."""
+    unset = [k for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in os.environ]
+    keep_on_loopback()
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
 
 
 def rendezvous_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.TCPStore:
