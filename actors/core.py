@@ -105,7 +105,7 @@ class AsyncActor(WeightUpdates):
         an integer label keeps it and the actor adopts it."""
         if self.engine is not None:
             return
-        tokenizer = load_tokenizer(self.spec.model_dir)
+        tokenizer = load_tokenizer(self.spec.model_dir, self.spec.trust_remote_code)
         self._owns_engine = engine is None
         self.engine = build_engine(self.spec) if engine is None else engine
         label = await self.engine.get_weight_version()

@@ -70,6 +70,7 @@ class EngineSpec:
     gpu_memory_utilization: float | None = None  # GPUs only; None = 0.85 unless kv_cache_gib is set
     max_num_seqs: int | None = None  # None = vLLM's default
     enable_prefix_caching: bool | None = None  # None = vLLM's default
+    trust_remote_code: bool = False  # model.trust_remote_code: run the model directory's own Python code
     extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
 
     @classmethod
@@ -106,6 +107,7 @@ class EngineSpec:
             gpu_memory_utilization=e.gpu_memory_utilization,
             max_num_seqs=e.max_num_seqs,
             enable_prefix_caching=False if not cfg.weight_sync.clear_cache else e.enable_prefix_caching,
+            trust_remote_code=cfg.model.trust_remote_code,
         )
         for k, v in overrides.items():
             if not hasattr(spec, k):
@@ -117,6 +119,7 @@ class EngineSpec:
         kw: dict[str, Any] = dict(
             model=self.model_dir,
             tokenizer=self.model_dir,
+            trust_remote_code=self.trust_remote_code,
             dtype=self.dtype,
             max_model_len=self.max_model_len,
             seed=self.seed,
@@ -213,8 +216,25 @@ def kv_cache_line(engine, spec: EngineSpec) -> str:
 
 
 def shutdown_engine(engine) -> None:
-    """Stop the engine and its processes (idempotent, never raises)."""
+    """Stop the engine and its processes (idempotent, never raises).
+
+    Why the instance's `shutdown` is then a no-op: vLLM 0.32's `AsyncLLM.__del__` calls `self.shutdown()`
+    again whenever the object is collected. For an engine still referenced when the interpreter exits
+    (`algo-train eval`'s), that happens during module teardown, after the interpreter has set the globals of
+    vLLM's modules to None, and the first line of `AsyncLLM.shutdown` (`shutdown_prometheus()`, a global of
+    vllm.v1.engine.async_llm) raises "TypeError: 'NoneType' object is not callable", printed as "Exception
+    ignored in: <function AsyncLLM.__del__>" with its traceback. An instance attribute is found before the
+    class's method, so the collection then calls `_already_shut_down`, which touches no global.
+    """
     if engine is None:
         return
-    with contextlib.suppress(Exception):  # already down, or interpreter teardown
-        engine.shutdown()
+    try:
+        with contextlib.suppress(Exception):  # already down
+            engine.shutdown()
+    finally:
+        with contextlib.suppress(AttributeError):  # an object that takes no attributes
+            engine.shutdown = _already_shut_down
+
+
+def _already_shut_down(timeout: float | None = None) -> None:
+    """An engine's `shutdown` once `shutdown_engine` has run: nothing left to stop."""

@@ -6,8 +6,9 @@ seed + i, so the samples differ and stay reproducible). Requests ask only for th
 (`FINAL_ONLY`) and skip vLLM's detokenisation: the actor decodes each finished response once, in
 the reward thread, which keeps per-token work off the event loop that also runs the engine's output
 handler. Rewards run on a thread pool because math-verify can take seconds. The reward is the run's
-`tasks.rewards.Scorer` (`reward.fn`), called as (prompt, response, ground_truth, extra) with the prompt
-item's `question` and `extra`; it never raises (failures score 0 and are counted: `reward_stats`).
+`tasks.rewards.Scorer` (`reward.fn`), given a group's responses together (`tasks.rewards.score_all`: one
+call of a batched TRL-style function) with the prompt item's `question`, `ground_truth` and `extra`; it
+never raises (failures score 0 and are counted: `reward_stats`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from actors.luffy import GroupPlan, guided_request
 from actors.prompts import PromptItem
 from actors.rows import prefix_only_sample, sample_from_completion
 from buffer.records import Sample
+from tasks.rewards import score_all
 
 
 class RequestAborted(RuntimeError):
@@ -140,7 +142,8 @@ class GroupSampler:
         def work() -> list[float]:
             t0 = time.perf_counter()
             texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
-            out = [float(self.reward_fn(item.question, t, item.ground_truth, item.extra)) for t in texts]
+            n = len(texts)  # one prompt's responses: a batched (TRL-style) reward scores them in one call
+            out = score_all(self.reward_fn, [item.question] * n, texts, [item.ground_truth] * n, [item.extra] * n)
             self.times["reward_s"] += time.perf_counter() - t0
             return out
 

@@ -41,24 +41,56 @@ class PromptItem:
     demo_ids: tuple[int, ...] | None = field(default=None, hash=False, compare=False)
 
 
-def encode_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Chat-templated token ids of `messages` with the generation prompt appended."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+@dataclass(frozen=True)
+class PromptStyle:
+    """How a record's messages become prompt token ids (config `data.prompt_format`, `data.system_prompt`,
+    `data.chat_template`; `launch.prep.data.prompt_style` builds it). One style per run, applied here once,
+    so the learner, the actors and `algo-train eval` condition on the same tokens.
+
+    system_prompt: a system message put first unless the messages already start with one.
+    chat_template: Jinja text used instead of the tokenizer's (None = the tokenizer's).
+    raw: no template at all: the messages' contents joined by a blank line, tokenised as plain text
+    (with whatever special tokens the tokenizer adds to plain text, e.g. a BOS, as vLLM does for a text
+    prompt) -- base models have no chat template, and R1-Zero-style prompts are written out in full.
+    """
+
+    system_prompt: str | None = None
+    chat_template: str | None = None
+    raw: bool = False
+
+    def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        if self.system_prompt is None or (messages and messages[0]["role"] == "system"):
+            return messages
+        return [{"role": "system", "content": self.system_prompt}, *messages]
+
+    def text(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text of raw mode."""
+        return "\n\n".join(m["content"] for m in self.messages(messages))
+
+
+def encode_prompt(tokenizer, messages: list[dict[str, str]], style: PromptStyle = PromptStyle()) -> list[int]:
+    """Token ids of `messages` as `style` renders them: chat-templated with the generation prompt
+    appended (default), or raw text."""
+    if style.raw:
+        ids = tokenizer(style.text(messages), add_special_tokens=True, verbose=False)["input_ids"]
+    else:
+        ids = tokenizer.apply_chat_template(style.messages(messages), chat_template=style.chat_template,
+                                            add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return [int(t) for t in ids]
 
 
 def items_from_records(records: Sequence, tokenizer, max_prompt_tokens: int | None = None,
-                       start_index: int = 0) -> tuple[list[PromptItem], list[int]]:
-    """`tasks.records.Record`s -> (items, indices of skipped over-long prompts).
+                       start_index: int = 0, style: PromptStyle = PromptStyle()) -> tuple[list[PromptItem], list[int]]:
+    """`tasks.records.Record`s -> (items, indices of skipped over-long prompts), rendered by `style`.
 
     Record i becomes prompt_index start_index + i whether or not earlier ones were skipped, so the
     index always names the dataset row.
     """
     items, skipped = [], []
     for i, rec in enumerate(records):
-        ids = encode_prompt(tokenizer, rec.prompt)
+        ids = encode_prompt(tokenizer, rec.prompt, style)
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             skipped.append(start_index + i)
             continue
@@ -67,10 +99,11 @@ def items_from_records(records: Sequence, tokenizer, max_prompt_tokens: int | No
     return items, skipped
 
 
-def load_tokenizer(model_dir: str):
+def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
+    """The tokenizer of `model_dir` (trust_remote_code: config model.trust_remote_code)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
 
 
 def shard(items: Sequence[PromptItem], actor_id: int, num_actors: int) -> list[PromptItem]:

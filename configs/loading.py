@@ -6,12 +6,18 @@ algorithm it names (its `algo:` key, or `--algo`, which wins), so a file holding
 changes keeps the algorithm's tuned values for the rest. A run folder's config.yaml (`resolve_saved`)
 is complete and is read as it is.
 
+Keys as veRL or TRL spell them are read as ours where they mean the same (`configs.aliases`: each
+said once on stderr), in a `--config` file and in `--set`; the others stay unknown, and the error names
+our key and what differs. A key of another algorithm's section (`pacs.beta` on a grpo run) is refused:
+the run would never read it. Only the keys the user gives are checked, not the algorithm's YAML.
+
 Errors are `ConfigError`s whose message names the dotted key and says how to fix it; they are raised
 before anything starts.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import sys
 from importlib import resources
@@ -22,6 +28,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from configs import aliases
+from configs.algo_sections import SECTIONS
 from configs.schema import LearnerConfig, RunConfig
 
 
@@ -61,8 +69,14 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def _suggest(key: str) -> str:
-    close = difflib.get_close_matches(key, _known_keys(RunConfig), n=1, cutoff=0.6)
+def _suggest(key: str, algo: str | None = None) -> str:
+    """The hint of an unknown key: veRL's or TRL's name first (it names ours and what differs), else the
+    closest of our keys outside the other algorithms' sections."""
+    known = aliases.hint(key)
+    if known is not None:
+        return known
+    ours = [k for k in _known_keys(RunConfig) if k.split(".")[0] not in set(SECTIONS) - {algo}]
+    close = difflib.get_close_matches(key, ours, n=1, cutoff=0.6)
     return f" — did you mean {close[0]!r}?" if close else " — run with --dry-run to list the valid keys"
 
 
@@ -103,13 +117,67 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _our_key(key: str, say: bool = False) -> str:
+    """`key`, or ours when it is veRL's or TRL's name of the same setting (said on stderr with `say`)."""
+    alias = aliases.accepted(key)
+    if alias is None:
+        return key
+    if say:
+        print(aliases.notice(alias), file=sys.stderr)
+    return alias.ours
+
+
+def _read_aliases(user: dict[str, Any], where: str) -> dict[str, Any]:
+    """A user's mapping with the keys veRL or TRL spell differently, where they mean the same, moved to
+    ours (each said on stderr), and the sections the moves empty dropped. Refused when the mapping also
+    gives our key another value."""
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in list(node.items()):
+            path = prefix + str(key)
+            if aliases.accepted(path):
+                moved.append((aliases.accepted(path), node.pop(key)))
+            elif isinstance(value, dict) and aliases.leads_to_alias(path):
+                walk(value, path + ".")
+                if not value:
+                    del node[key]
+
+    out, moved = copy.deepcopy(user), []
+    walk(out, "")
+    for alias, value in moved:
+        ours = out
+        for part in alias.ours.split("."):
+            ours = ours.get(part) if isinstance(ours, dict) else None
+        if ours is not None and ours != value:
+            raise ConfigError(f"{alias.name}: {alias.origin}'s name of {alias.ours}, which {where} also sets to "
+                              "another value — keep one of the two")
+        set_dotted(out, alias.ours, value)
+        print(aliases.notice(alias), file=sys.stderr)
+    return out
+
+
+def _refuse_other_algorithms(keys, algo: str | None) -> None:
+    """Refuse user keys in the section of an algorithm other than the run's (module docstring)."""
+    keys, others = set(keys), set(SECTIONS) - {algo}
+    deepest = sorted(k for k in keys if not any(o.startswith(k + ".") for o in keys))  # `pacs.beta`, not `pacs`
+    lines = [f"{k}: belongs to --algo {owner}, and this run is --algo {algo} — drop it, or run --algo {owner}"
+             for k in deepest if (owner := k.split(".")[0]) in others]
+    if lines:
+        raise ConfigError(lines[0] if len(lines) == 1 else "invalid configuration:\n  " + "\n  ".join(lines))
+
+
 def apply_flags(data: dict[str, Any], flags: dict[str, Any] | None, overrides: list[str] | None) -> dict[str, Any]:
-    """`data` with the dedicated flags (None = not given) and then the `--set` overrides applied (in place)."""
+    """`data` with the dedicated flags (None = not given) and then the `--set` overrides applied (in place);
+    veRL/TRL names read as ours, keys of another algorithm's section refused."""
+    given = []
     for key, value in (flags or {}).items():
         if value is not None:
             set_dotted(data, key, value)
+            given.append(key)
     for text in overrides or []:
-        set_dotted(data, *parse_override(text))
+        key, value = parse_override(text)
+        given.append(_our_key(key, say=True))
+        set_dotted(data, given[-1], value)
+    _refuse_other_algorithms(given, data.get("algo"))
     return data
 
 
@@ -139,13 +207,20 @@ def _describe(key: str) -> str:
     return f" — expects: {field.description}" if field is not None and field.description else ""
 
 
-def _format(err: ValidationError) -> str:
+def _leaves(key: str, value: Any) -> list[str]:
+    """The dotted keys under an unknown key's value (a whole unknown section names each of its keys)."""
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{key}.{k}", v)]
+    return [key]
+
+
+def _format(err: ValidationError, algo: str | None = None) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key{_suggest(key)}")
+            lines.extend(f"{leaf}: unknown key{_suggest(leaf, algo)}" for leaf in _leaves(key, e.get("input")))
         elif not key:  # cross-field rule from RunConfig.problems(); message already names the key
             lines.extend(msg.split("; "))
         else:
@@ -160,11 +235,12 @@ def validate(data: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format(e)) from None
+        raise ConfigError(_format(e, data.get("algo") if isinstance(data, dict) else None)) from None
 
 
-def base_data(algo: str | None, config_file: str | None) -> dict[str, Any]:
-    """The mapping a run starts from: configs/<algo>.yaml, with `config_file` laid over it (module docstring)."""
+def base_data(algo: str | None, config_file: str | None, user: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The mapping a run starts from: configs/<algo>.yaml, with `config_file` laid over it (module docstring);
+    `user`: that file's mapping as `read_user` gave it (read here when None)."""
     import algos
 
     names = algos.names()
@@ -174,7 +250,7 @@ def base_data(algo: str | None, config_file: str | None) -> dict[str, Any]:
         if algo is None:
             raise ConfigError(f"--algo: required (choose one of {', '.join(names)}) or pass --config FILE")
         return read_yaml(builtin_config_path(algo))
-    user = read_yaml(config_file)
+    user = read_user(config_file) if user is None else user
     name = algo if algo is not None else user.get("algo")
     if name is None:
         raise ConfigError(f"algo: {config_file} has no `algo:` key, so there is no algorithm config to lay it over "
@@ -188,18 +264,26 @@ def resolve(algo: str | None = None, config_file: str | None = None, flags: dict
             overrides: list[str] | None = None) -> RunConfig:
     """Build the validated RunConfig. `flags` maps dotted keys to values from dedicated CLI flags.
     Defaults adjusted to fit the run (`fit_warmup`) are printed once, to stderr."""
-    data = base_data(algo, config_file)
+    user = read_user(config_file) if config_file else {}
+    data = base_data(algo, config_file, user)
     if algo is not None:
         data["algo"] = algo
-    given = _user_keys(config_file, flags, overrides)
+    given = _user_keys(user, flags, overrides)
     apply_flags(data, flags, overrides)
+    _refuse_other_algorithms(given, data.get("algo"))
     for notice in fit_warmup(data, given):
         print(f"algo-train: {notice}", file=sys.stderr)
     return validate(data)
 
 
-def _user_keys(config_file: str | None, flags: dict[str, Any] | None, overrides: list[str] | None) -> set[str]:
-    """The dotted keys the user gave (in --config FILE, a dedicated flag or --set), not the algorithm's YAML."""
+def read_user(config_file: str) -> dict[str, Any]:
+    """A `--config` file's mapping, veRL/TRL names read as ours."""
+    return _read_aliases(read_yaml(config_file), config_file)
+
+
+def _user_keys(user: dict[str, Any], flags: dict[str, Any] | None, overrides: list[str] | None) -> set[str]:
+    """The dotted keys the user gave (in the --config mapping `user`, a dedicated flag or --set), not the
+    algorithm's YAML."""
     def walk(node: dict[str, Any], prefix: str) -> None:
         for key, value in node.items():
             keys.add(prefix + str(key))
@@ -207,9 +291,9 @@ def _user_keys(config_file: str | None, flags: dict[str, Any] | None, overrides:
                 walk(value, f"{prefix}{key}.")
 
     keys: set[str] = set()
-    walk(read_yaml(config_file) if config_file else {}, "")
+    walk(user, "")
     keys |= {k for k, v in (flags or {}).items() if v is not None}
-    keys |= {parse_override(text)[0] for text in overrides or []}
+    keys |= {_our_key(parse_override(text)[0]) for text in overrides or []}
     return keys
 
 

@@ -21,8 +21,8 @@ import algos
 from configs.algo_sections import SECTIONS
 from configs.base import Section
 from configs.buffer_section import BufferConfig
+from configs.data_section import DataConfig
 from configs.shared import (
-    DataConfig,
     LearnerConfig,
     LoggingConfig,
     LossConfig,

@@ -26,7 +26,14 @@ class TinyModelConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str | None = Field(None, description="local HF model directory; null = build the built-in tiny model")
+    path: str | None = Field(
+        None, description="local HF model directory, or a Hub model id (org/name) already in the local HF cache "
+                          "(`hf download org/name`; HF_HUB_CACHE / HF_HOME say where it is), which the run replaces "
+                          "with its snapshot directory; null = build the built-in tiny model")
+    trust_remote_code: bool = Field(
+        False, description="let transformers and vLLM run the Python code a model directory ships (custom "
+                           "architectures or tokenizers: the policy, its reference and PURE's PRM); only for "
+                           "models whose code you trust")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="parameter/compute dtype of the learner and the vLLM engines; auto = bfloat16 when the "
                             "cluster has GPUs, float32 without (resolved once at launch: config.yaml records the "
@@ -43,62 +50,21 @@ class ModelConfig(Section):
         return self.dtype if self.dtype != "auto" else ("bfloat16" if gpu else "float32")
 
 
-class ArithmeticTaskConfig(Section):
-    min_digits: int = Field(1, ge=1, description="digits of the smallest operand")
-    max_digits: int = Field(2, ge=1, description="digits of the largest operand")
-    ops: list[Literal["+", "-", "*"]] = Field(["+", "-"], description="operators to draw from")
-
-
-class DataFieldsConfig(Section):
-    """Which column of a data file holds what (`tasks.loaders`); null = from the layout recognised in the
-    file (veRL, problem/answer/solution, question/answer). Applies to data.path, data.eval_path, data.demos."""
-
-    prompt: str | None = Field(
-        None, description="column of the prompt: a string or a chat list of {role, content}; dotted paths reach "
-                          "into nested objects (e.g. extra_info.question)")
-    answer: str | None = Field(
-        None, description="column of the ground truth the reward compares the response's final \\boxed{} "
-                          "answer with (a string or a number)")
-    solution: str | None = Field(
-        None, description="column of the demonstration (LUFFY teacher trace, SFT target): a string or a list "
-                          "with one assistant message; read only from data.demos")
-
-
-class DataConfig(Section):
-    task: Literal["arithmetic", "file"] = Field("arithmetic", description="synthetic task or a dataset file")
-    path: str | None = Field(None, description="train parquet/JSONL when task=file, in the veRL, problem/answer/"
-                                               "solution or question/answer (GSM8K) layout (see data.fields)")
-    eval_path: str | None = Field(None, description="held-out parquet/JSONL; default: a split of the task")
-    demos: str | None = Field(None, description="teacher/demonstration trajectories (parquet/JSONL with a `target` "
-                                                "or `solution` column, or data.fields.solution) "
-                                                "for LUFFY and SFT; null with the synthetic task = generate them")
-    min_demo_match: float = Field(
-        0.5, ge=0, le=1, description="least share of the training prompts that data.demos must give a demonstration "
-                                     "(matched by question text; the prompts without one are not trained); a teacher "
-                                     "file matching less is refused at start")
-    fields: DataFieldsConfig = Field(DataFieldsConfig(), description="which columns of the data files hold "
-                                     "prompt, answer and solution (null = recognised from the file's layout)")
-    arithmetic: ArithmeticTaskConfig = Field(ArithmeticTaskConfig(), description="the synthetic task (data.task=arithmetic)")
-    train_prompts: int = Field(10000, gt=0, description="synthetic train prompts to generate")
-    eval_prompts: int = Field(200, gt=0, description="held-out prompts used by each evaluation")
-    max_prompt_tokens: int = Field(
-        256, gt=0, description="prompt limit, tokens after the chat template: a longer prompt is skipped (never cut) "
-                               "and counted at start. 256 suits the synthetic task; raise it for real datasets. "
-                               "Engines hold max_prompt_tokens + rollout.max_response_tokens tokens of context")
-    seed: int = Field(0, description="data generation / shuffling seed")
-
-
 class RewardConfig(Section):
-    """The outcome reward (`tasks.rewards`): fn(prompt, response, ground_truth, extra) -> float."""
+    """The outcome reward (`tasks.rewards`): a function of ours, veRL's or TRL's shape, bound by parameter name."""
 
     fn: str | None = Field(
         None, description="arithmetic (last \\boxed{} equals the integer ground truth), math_verify (equivalent "
-                          "by math-verify), module:function or path/to/file.py:function (yours, called as "
-                          "fn(prompt, response, ground_truth, extra) -> float); null = arithmetic for "
-                          "data.task=arithmetic, math_verify for data.task=file")
+                          "by math-verify), module:function or path/to/file.py:function (yours, bound by "
+                          "parameter name: fn(prompt, response, ground_truth, extra) -> float, veRL's "
+                          "compute_score(data_source, solution_str, ground_truth, extra_info) -> float or "
+                          "{'score': float}, or TRL's batched fn(prompts, completions, **kwargs) -> list[float] "
+                          "with the data's columns as keyword lists; docs/running.md \"Your reward\"); null = "
+                          "arithmetic for data.task=arithmetic, math_verify for data.task=file")
     timeout_s: float = Field(
         5.0, gt=0, description="time limit of one reward call, seconds: every reward but arithmetic runs in a "
-                               "worker process that is killed past it; that call scores 0 (reward/timeouts)")
+                               "worker process that is killed past it; that call scores 0 (reward/timeouts). "
+                               "A batched (TRL-style) call of k responses gets k times it")
 
     @field_validator("fn")
     @classmethod
@@ -175,7 +141,7 @@ class RolloutConfig(Section):
 
 class LearnerConfig(Section):
     world_size: int = Field(1, ge=1, description="FSDP data-parallel ranks")
-    batch_prompts: int = Field(8, ge=1, description="prompts (groups) per optimiser step, global")
+    batch_prompts: int = Field(8, ge=1, description="prompts (groups) per learner step (one pulled batch), global")
     mini_batches: int = Field(
         1, ge=1, description="optimiser steps per pass over a pulled batch: the batch_prompts groups are cut into "
                              "this many mini-batches of whole groups (sizes differ by at most one group), each "

@@ -277,9 +277,12 @@ def _tuplify(x):
 
 
 # ---------------------------------------------------------------------- HF export
-def save_hf_config(directory: Path, lm: torch.nn.Module, dtype: torch.dtype, tokenizer) -> None:
+def save_hf_config(directory: Path, lm: torch.nn.Module, dtype: torch.dtype, tokenizer,
+                   code_dir: Path | None = None) -> None:
     """config.json (its dtype = the serving dtype `dtype`), generation_config.json and the tokenizer
-    into `directory/hf_config` (rank 0)."""
+    into `directory/hf_config` (rank 0). code_dir: the model directory whose own Python code (a model
+    loaded with model.trust_remote_code; its config's `auto_map` names those files) the export must carry
+    to load again; save_pretrained copies the config's and tokenizer's modules, not the model's."""
     d = directory / "hf_config"
     cfg = copy.deepcopy(lm.config)
     cfg.dtype = dtype
@@ -287,6 +290,8 @@ def save_hf_config(directory: Path, lm: torch.nn.Module, dtype: torch.dtype, tok
     if getattr(lm, "generation_config", None) is not None:
         lm.generation_config.save_pretrained(d)
     tokenizer.save_pretrained(d)
+    for code in sorted(Path(code_dir).glob("*.py")) if code_dir is not None else ():
+        shutil.copyfile(code, d / code.name)
 
 
 def export_hf(checkpoint: str | Path, out: str | Path, dtype: torch.dtype | None = None) -> Path:

@@ -56,23 +56,26 @@ def _model_dir(model_dir: str | Path) -> Path:
     return path
 
 
-def load_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> nn.Module:
+def load_causal_lm(model_dir: str | Path, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
     """A plain HF causal LM loaded whole by `from_pretrained` (tests, the actors' checks)."""
     from transformers import AutoModelForCausalLM
 
-    lm = AutoModelForCausalLM.from_pretrained(_model_dir(model_dir), dtype=dtype, attn_implementation="sdpa")
+    lm = AutoModelForCausalLM.from_pretrained(_model_dir(model_dir), dtype=dtype, attn_implementation="sdpa",
+                                              trust_remote_code=trust_remote_code)
     disable_dropout(lm)
     return lm
 
 
-def empty_causal_lm(model_dir: str | Path, dtype: torch.dtype) -> nn.Module:
-    """The HF causal LM of `model_dir` built from its config on the meta device (no memory, no init)."""
+def empty_causal_lm(model_dir: str | Path, dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
+    """The HF causal LM of `model_dir` built from its config on the meta device (no memory, no init).
+    trust_remote_code (model.trust_remote_code): a directory whose config names its own modelling code."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     path = _model_dir(model_dir)
     with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype,
-                                              attn_implementation="sdpa")
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        lm = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa",
+                                              trust_remote_code=trust_remote_code)
     if (path / "generation_config.json").is_file():
         lm.generation_config = GenerationConfig.from_pretrained(path)
     disable_dropout(lm)
@@ -172,7 +175,8 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
 
 def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.device, dtype: str, trainable: bool,
                  chunk_tokens: int | str, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 activation_checkpointing: bool = False, shard: bool = True) -> TokenScorer:
+                 activation_checkpointing: bool = False, shard: bool = True,
+                 trust_remote_code: bool = False) -> TokenScorer:
     """A `TokenScorer` over the HF model in `model_dir`, FSDP2-sharded over `mesh` when `shard`.
 
     temperature, top_p, top_k: the sampling distribution its log-probs are taken under (vLLM's
@@ -193,7 +197,7 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     compute = DTYPES[dtype]
-    lm = empty_causal_lm(model_dir, torch.float32 if trainable else compute)
+    lm = empty_causal_lm(model_dir, torch.float32 if trainable else compute, trust_remote_code)
     if activation_checkpointing and trainable:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mixed = trainable and compute != torch.float32

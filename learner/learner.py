@@ -72,7 +72,7 @@ class Learner:
 
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=cfg.model.trust_remote_code)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         ac = cfg.learner.activation_checkpointing
@@ -107,7 +107,8 @@ class Learner:
         sampling = s if truncate else dict(s, top_p=1.0, top_k=0)
         return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.dtype,
                             trainable=trainable, **sampling, chunk_tokens=lc.logprob_chunk_tokens,
-                            activation_checkpointing=trainable and self.activation_checkpointing, shard=self.fsdp)
+                            activation_checkpointing=trainable and self.activation_checkpointing, shard=self.fsdp,
+                            trust_remote_code=self.cfg.model.trust_remote_code)
 
     def reference(self):
         """The frozen initial policy (built once, shared by every provider that needs it)."""
@@ -262,7 +263,8 @@ class Learner:
         for provider in self.providers.values():
             provider.save(path, self.rank)
         if self.rank == 0:
-            checkpoint.save_hf_config(path, self.policy.lm, self.compute_dtype, self.tokenizer)
+            checkpoint.save_hf_config(path, self.policy.lm, self.compute_dtype, self.tokenizer,
+                                      self.model_dir if self.cfg.model.trust_remote_code else None)
             checkpoint.write_json(path / "extra_state.json", extra_state or {}, "extra_state")
         checkpoint.finish_learner_part(path, self.rank, {
             "format": 3, "algo": self.spec.name, "optimizer_steps": self.optimizer_steps,

@@ -103,9 +103,12 @@ def support_mask(z: torch.Tensor, top_p: float = 1.0, top_k: int = 0) -> torch.T
 
 
 def _head_chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                temperature: float, top_p: float, top_k: int, with_entropy: bool,
+                temperature: float, top_p: float, top_k: int, with_entropy: bool, entropy_grad: bool = True,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(target) and entropy for one chunk: h [n, H], targets [n] -> ([n], [n]), at least float32."""
+    """log π(target) and entropy for one chunk: h [n, H], targets [n] -> ([n], [n]), at least float32.
+    The entropy comes last and, without `entropy_grad`, builds no graph: it saves no tensor for
+    backward, so the checkpoint's recompute (which stops once every saved tensor is back) never
+    reaches it, and a metric-only entropy costs one pass over the chunk's logits, in forward only."""
     logits = _upcast(F.linear(h, weight, bias))
     if temperature != 1.0:
         logits = logits / temperature
@@ -120,15 +123,16 @@ def _head_chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         logp = torch.where(kept.gather(-1, targets[:, None]).squeeze(-1), logp, OUTSIDE_SUPPORT_LOGPROB)
     if not with_entropy:
         return logp, torch.zeros_like(logp)
-    probs = torch.softmax(z, dim=-1)
-    finite = z if kept is None else logits.masked_fill(~kept, 0.0)  # 0·(-inf) would be NaN
-    entropy = logz - (probs * finite).sum(-1)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+        probs = torch.softmax(z, dim=-1)
+        finite = z if kept is None else logits.masked_fill(~kept, 0.0)  # 0·(-inf) would be NaN
+        entropy = logz - torch.einsum("nv,nv->n", probs, finite)  # a batched dot: no [n, V] product
     return logp, entropy
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, *,
                            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                           chunk_tokens: int = 4096, with_entropy: bool = False,
+                           chunk_tokens: int = 4096, with_entropy: bool = False, entropy_grad: bool = True,
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of `targets` [N] under vLLM's sampling distribution of head(hidden).
 
@@ -137,7 +141,8 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: nn.Linear, targets: torch
     docstring; top_k 0 or -1 = off, top_p 1 = off); a target outside the kept set gets
     `OUTSIDE_SUPPORT_LOGPROB` with zero gradient; the entropy is that of the truncated distribution.
     Returns [N] tensors (float32, or float64 for float64 inputs); entropy is None unless
-    `with_entropy`. Memory: one chunk's [chunk_tokens, vocab] logits (plus, when truncating, its sort
+    `with_entropy`; with `entropy_grad=False` it is detached (a metric: no gradient, not recomputed in
+    backward). Memory: one chunk's [chunk_tokens, vocab] logits (plus, when truncating, its sort
     buffers) at a time, in forward and (thanks to checkpointing) in backward.
     """
     if chunk_tokens <= 0:
@@ -151,7 +156,7 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: nn.Linear, targets: torch
     for start in range(0, hidden.shape[0], chunk_tokens):
         h = hidden[start:start + chunk_tokens]
         t = targets[start:start + chunk_tokens]
-        args = (h, weight, bias, t, temperature, top_p, top_k, with_entropy)
+        args = (h, weight, bias, t, temperature, top_p, top_k, with_entropy, entropy_grad)
         lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
         logps.append(lp)
         ents.append(ent)
@@ -189,7 +194,8 @@ class TokenScorer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
                 targets: torch.Tensor, with_entropy: bool = False, position_ids: torch.Tensor | None = None,
-                row_bounds: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                row_bounds: tuple[int, ...] | None = None, entropy_grad: bool = True,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         packed = {}
         if row_bounds is not None:
             impl = getattr(self.lm.config, "_attn_implementation", None)
@@ -206,4 +212,5 @@ class TokenScorer(nn.Module):
             flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
             return chunked_token_logprobs(flat, self.lm.get_output_embeddings(), targets,
                                           temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                          chunk_tokens=self.chunk_tokens, with_entropy=with_entropy)
+                                          chunk_tokens=self.chunk_tokens, with_entropy=with_entropy,
+                                          entropy_grad=entropy_grad)

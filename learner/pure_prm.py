@@ -54,7 +54,8 @@ class RuleStepChecker:
         return score_steps(prompt, response, step_spans)
 
 
-def load_prm(path: str | Path, device: torch.device, dtype: torch.dtype, auto_class) -> torch.nn.Module:
+def load_prm(path: str | Path, device: torch.device, dtype: torch.dtype, auto_class,
+             trust_remote_code: bool = False) -> torch.nn.Module:
     """The PRM of `path` on `device` in `dtype` without a whole copy in host RAM (module doc): built on the
     meta device from its config, materialised on `device`, filled tensor by tensor from the safetensors
     files (`learner.fsdp.load_local_weights`). A directory without safetensors weights, or whose tensor
@@ -65,12 +66,13 @@ def load_prm(path: str | Path, device: torch.device, dtype: torch.dtype, auto_cl
 
     try:
         with torch.device("meta"):
-            model = auto_class.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            model = auto_class.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
         model.to_empty(device=device)
         init_buffers(model)
         load_local_weights(model, path)
     except (FileNotFoundError, KeyError, ValueError):
-        model = auto_class.from_pretrained(path, dtype=dtype).to(device)
+        model = auto_class.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device)
     disable_dropout(model)
     return model
 
@@ -79,11 +81,13 @@ class HFTokenClassificationPRM:
     """A 2-label token-classification PRM read at a "\\n" tag appended after each step (see module doc)."""
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 step_tag: str = "\n", separator: str = SEPARATOR, batch_rows: int = 16):
+                 step_tag: str = "\n", separator: str = SEPARATOR, batch_rows: int = 16,
+                 trust_remote_code: bool = False):
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = load_prm(path, torch.device(device), dtype, AutoModelForTokenClassification).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        self.model = load_prm(path, torch.device(device), dtype, AutoModelForTokenClassification,
+                              trust_remote_code).eval()
         if self.model.config.num_labels != 2:
             raise ValueError(f"{path}: a PURE PRM needs 2 labels, the model has {self.model.config.num_labels}")
         tag = self.tokenizer(step_tag, add_special_tokens=False)["input_ids"]
@@ -149,7 +153,8 @@ def make_prm(cfg, device: torch.device, dtype: torch.dtype = torch.float32) -> P
         return RuleStepChecker()
     if pc.prm == "hf":
         return HFTokenClassificationPRM(pc.prm_path, device=device, dtype=dtype,
-                                        batch_rows=cfg.learner.micro_batch_samples)
+                                        batch_rows=cfg.learner.micro_batch_samples,
+                                        trust_remote_code=cfg.model.trust_remote_code)
     return FunctionStepScorer(pc.prm)
 
 

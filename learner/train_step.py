@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 import torch
 import torch.distributed as dist
 
-from algos.aggregation import LossNorm
+from algos.aggregation import LossNorm, aggregate
 from algos.batch import LossContext, StepBatch
 from algos.overlong import loss_mask
 from algos.spec import AlgoSpec
@@ -64,6 +64,16 @@ def active_components(spec: AlgoSpec, cfg) -> list[tuple]:
     return out
 
 
+ENTROPY = "entropy"  # the metric key of the entropy term (algos.policy_gradient.entropy_bonus)
+
+
+def entropy_metric(entropy: torch.Tensor, batch: StepBatch, cfg, norm: LossNorm) -> torch.Tensor:
+    """The `entropy` metric of a micro-batch when no loss term reports it: the entropy term's value
+    (aggregated under `loss.agg` over the loss mask, divided by the step's global counts, so the sums
+    over micro-batches and ranks give the step's value), from a detached entropy [b, T]."""
+    return aggregate(entropy, loss_mask(batch, batch.response_mask, cfg), cfg.loss.agg, norm)
+
+
 def _union_over_ranks(keys: set[str]) -> set[str]:
     if dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
@@ -85,6 +95,11 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
     (its own loss under another name, e.g. sft/nll, entropy) are summed the same way; every other metric
     is a mean over micro-batches weighted by response tokens (maxima such as is/weight_max become such
     means too).
+
+    `entropy` is reported every step (docs/metrics.md): by the entropy term when its coefficient is
+    set, otherwise here, with the term's definition (`entropy_metric`), from the entropy the training
+    forward computes detached from the logits it has anyway (no second forward, no gradient, not
+    recomputed in backward: `learner.logprobs._head_chunk`).
     """
     comps = active_components(spec, cfg)
     if not comps:
@@ -96,21 +111,23 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
     mweight: dict[str, float] = defaultdict(float)
     summed: set[str] = set()
     for mb in microbatches:
-        logp, ent = policy(**mb.inputs(), with_entropy=need_entropy)
+        logp, ent = policy(**mb.inputs(), with_entropy=True, entropy_grad=need_entropy)
         if mb.dummy:  # keeps FSDP's collectives in step with ranks that have more work
-            ((logp.sum() + (ent.sum() if ent is not None else 0.0)) * 0.0).backward()
+            ((logp.sum() + ent.sum()) * 0.0).backward()
             continue
         idx = torch.tensor(mb.rows, dtype=torch.long, device=device)
         sub = narrow(batch.rows(idx), mb.width)
         logprobs = mb.scatter(logp)
         if prox_from_forward:
             sub = replace(sub, old_logprobs=logprobs.detach() * sub.response_mask)
-        ctx = LossContext(logprobs=logprobs, entropy=mb.scatter(ent) if ent is not None else None,
+        ctx = LossContext(logprobs=logprobs, entropy=mb.scatter(ent) if need_entropy else None,
                           batch=sub, advantages=advantages[idx, :mb.width], norm=norm)
         total = torch.zeros((), device=device)
         weight = float(sub.response_mask.sum())
+        reported: set[str] = set()
         for comp, w in comps:
             term = comp.fn(ctx, cfg)
+            reported |= term.metrics.keys()
             total = total + w * term.loss
             loss_value = float(term.loss.detach())
             loss_sums[f"loss/{comp.name}"] += loss_value
@@ -122,6 +139,9 @@ def train_microbatches(policy: torch.nn.Module, spec: AlgoSpec, cfg, batch: Step
                 else:
                     msum[k] += v * weight
                     mweight[k] += weight
+        if ENTROPY not in reported:  # no term reported it: the metric alone, from the detached entropy
+            summed.add(ENTROPY)
+            loss_sums[ENTROPY] += float(entropy_metric(mb.scatter(ent), sub, cfg, norm))
         (total * world_size).backward()
         loss_sums["loss/total"] += float(total.detach())
     keys = sorted({f"loss/{c.name}" for c, _ in comps} | {"loss/total"} | _union_over_ranks(summed))

@@ -1,8 +1,12 @@
-"""Loaders for dataset and teacher files (JSONL or parquet) in the common layouts.
+"""Loaders for dataset and teacher files in the common layouts: ``.jsonl``, ``.json`` (a JSON array of
+rows, or JSON lines as `datasets`' ``to_json`` writes them), ``.parquet``, or ``hf://NAME[:CONFIG]``, one
+split of a Hub dataset read with the optional `datasets` package (``datasets.load_dataset(NAME, CONFIG,
+split=...)``: from its cache when there, else downloaded by it).
 
 Why strict: a malformed row found mid-run would crash an actor hours in, or silently train on garbage.
 `load_records` validates every row up front and either returns all of them or raises one `DataError`
-naming the file, the line (JSONL) or row (parquet, 1-based) and the field. Nothing is half-loaded.
+naming the file, the line (JSON lines) or row (a JSON array, parquet, a Hub split; 1-based) and the field.
+Nothing is half-loaded.
 
 Layouts (`LAYOUTS`), recognised from the first row's columns:
 
@@ -19,7 +23,7 @@ Layouts (`LAYOUTS`), recognised from the first row's columns:
 nested objects. Field values: ``prompt`` a non-empty string or a chat list of ``{role, content}`` strings;
 ``ground_truth`` a non-empty string (numbers are turned into strings); ``target`` a non-empty string or a
 list with one assistant message, optional unless ``require_target=True`` (teacher files);
-``data_source`` (default: the file's stem), ``ability`` (default ""), ``extra_info`` (default: the
+``data_source`` (default: the file's stem, or a Hub dataset's NAME), ``ability`` (default ""), ``extra_info`` (default: the
 row's columns that no field uses, e.g. MATH-500's ``id``, ``level``, ``type``).
 """
 
@@ -35,6 +39,7 @@ from typing import Any
 from tasks.records import DataError, Record
 
 Columns = str | tuple[str, ...]  # a dotted column path, or candidates tried in order
+HUB_DATA = "hf://"  # prefix of a Hub dataset where a file path is expected
 DEFAULT_FIELDS: dict[str, Columns] = {
     "prompt": "prompt",
     "ground_truth": ("reward_model.ground_truth", "answer"),
@@ -88,37 +93,59 @@ def detect_layout(row: Any, fields: Mapping[str, Columns] | None = None) -> Layo
 
 
 def load_dataset(path: str | Path, fields: Mapping[str, Columns] | None = None, *,
-                 require_target: bool = False) -> tuple[list[Record], Layout]:
-    """All rows of a ``.jsonl`` or ``.parquet`` file as `Record`s and the layout read, or a `DataError`."""
-    path = Path(path)
-    rows = _read_rows(path)
+                 require_target: bool = False, split: str = "train") -> tuple[list[Record], Layout]:
+    """All rows of a data file (or of split `split` of a Hub dataset, ``hf://NAME[:CONFIG]``) as `Record`s
+    and the layout read, or a `DataError`."""
+    if str(path).startswith(HUB_DATA):
+        name = str(path)[len(HUB_DATA):].partition(":")[0]
+        rows, unit = _hub_rows(str(path), split), "row"
+    else:
+        path = Path(path)
+        name = path.stem
+        rows, unit = _read_rows(path)
     layout = detect_layout(rows[0][1] if rows else {}, fields)
-    unit = "line" if path.suffix == ".jsonl" else "row"
-    return [_record(path, f"{unit} {n}", row, layout, require_target) for n, row in rows], layout
+    return [_record(path, name, f"{unit} {n}", row, layout, require_target) for n, row in rows], layout
 
 
 def load_records(path: str | Path, fields: Mapping[str, Columns] | None = None, *,
-                 require_target: bool = False) -> list[Record]:
+                 require_target: bool = False, split: str = "train") -> list[Record]:
     """`load_dataset` without the layout."""
-    return load_dataset(path, fields, require_target=require_target)[0]
+    return load_dataset(path, fields, require_target=require_target, split=split)[0]
 
 
-def _read_rows(path: Path) -> list[tuple[int, Any]]:
-    """(row number, raw row) pairs; JSONL rows are numbered by line and blank lines are skipped."""
-    if path.suffix == ".jsonl":
+def _json_lines(path: Path, text: str) -> list[tuple[int, Any]]:
+    """(line number, row) of one JSON object per line; blank lines are skipped."""
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {n}: invalid JSON: {e}") from e
+    return rows
+
+
+def _read_rows(path: Path) -> tuple[list[tuple[int, Any]], str]:
+    """(row number, raw row) pairs and what a number counts ("line" or "row")."""
+    if path.suffix in (".jsonl", ".json"):
+        try:
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"{path}: cannot read file: {e}") from e
-        rows = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {n}: invalid JSON: {e}") from e
-        return rows
+        if path.suffix == ".jsonl":
+            return _json_lines(path, text), "line"
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg == "Extra data":  # more than one value: JSON lines under a .json name
+                return _json_lines(path, text), "line"
+            raise DataError(f"{path}: invalid JSON: {e}") from e
+        if not isinstance(whole, list):
+            kind = "an object" if isinstance(whole, dict) else type(whole).__name__
+            raise DataError(f"{path}: expected a JSON array of rows (or one object per line), got {kind} — put "
+                            "the rows in a top-level [...] array")
+        return list(enumerate(whole, 1)), "row"
     if path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -127,8 +154,27 @@ def _read_rows(path: Path) -> list[tuple[int, Any]]:
             table = pq.read_table(path)
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{path}: cannot read parquet file: {e}") from e
-        return list(enumerate(table.to_pylist(), 1))
-    raise DataError(f"{path}: unknown format (expected .jsonl or .parquet)")
+        return list(enumerate(table.to_pylist(), 1)), "row"
+    raise DataError(f"{path}: unknown format (expected .jsonl, .json or .parquet, or {HUB_DATA}NAME[:CONFIG] for a "
+                    "Hub dataset)")
+
+
+def _hub_rows(source: str, split: str) -> list[tuple[int, Any]]:
+    """(row number, row) of split `split` of the Hub dataset `source` = hf://NAME[:CONFIG]."""
+    name, _, config = source[len(HUB_DATA):].partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{source}: Hub datasets are read with the `datasets` package, which is not installed — "
+                        "`pip install datasets`, or save the data as a .jsonl/.parquet file") from None
+    try:
+        table = datasets.load_dataset(name, config or None, split=split)
+    except Exception as e:  # unknown name, config or split; offline without a cached copy
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise DataError(f"{source}: split {split!r} does not load ({type(e).__name__}: {why}) — check NAME, the "
+                        "CONFIG after ':' and data.split / data.eval_split, and that the Hub is reachable or the "
+                        "dataset is in the `datasets` cache") from None
+    return list(enumerate(table.to_list(), 1))
 
 
 def _candidates(paths: Columns) -> tuple[str, ...]:
@@ -156,8 +202,9 @@ def _split_answer(text: str) -> tuple[str, str]:
     return f"{reasoning}\n\n\\boxed{{{answer}}}", answer
 
 
-def _record(path: Path, where: str, row: Any, layout: Layout, require_target: bool) -> Record:
-    """The `Record` of one row; `where` ("line 3", "row 3") names it in errors."""
+def _record(path: str | Path, source: str, where: str, row: Any, layout: Layout, require_target: bool) -> Record:
+    """The `Record` of one row of `path` (`source`: its default data_source); `where` ("line 3", "row 3")
+    names it in errors."""
     def fail(name: str, column: str, problem: str) -> DataError:
         return DataError(f"{path}: {where}: field '{name}' (column '{column}'): {problem}")
 
@@ -194,7 +241,7 @@ def _record(path: Path, where: str, row: Any, layout: Layout, require_target: bo
     leftover = {k: v for k, v in row.items() if k not in used}
     optional: dict[str, Any] = {}
     for name, kind, default in (
-        ("data_source", str, path.stem),
+        ("data_source", str, source),
         ("ability", str, ""),
         ("extra_info", dict, leftover),
     ):

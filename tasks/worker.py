@@ -10,8 +10,8 @@ dotted) or ``path/to/file.py:function``. The child runs `main` with the parent's
 imports what the parent can.
 
 Protocol (stdin/stdout, UTF-8 JSON lines, no pickle): the child writes ``{"ready": true}`` once the
-function is loaded (or ``{"error": ...}`` and exits); then for each request ``{"args": [...]}`` it
-writes ``{"value": v}`` or ``{"error": "Type: message"}``. EOF on stdin ends it. What the function
+function is loaded (or ``{"error": ...}`` and exits); then for each request ``{"args": [...], "kwargs":
+{...}}`` (kwargs optional) it writes ``{"value": v}`` or ``{"error": "Type: message"}``. EOF on stdin ends it. What the function
 prints goes to stderr, never into the protocol.
 """
 
@@ -78,9 +78,10 @@ class FunctionWorker:
         self._ready = False
         self._lock = threading.Lock()
 
-    def call(self, *args, timeout_s: float | None = None) -> Any:
-        """fn(*args) in the child (args and result JSON: non-JSON args are sent as str)."""
-        request = json.dumps({"args": list(args)}, default=str).encode() + b"\n"
+    def call(self, *args, kwargs: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
+        """fn(*args, **kwargs) in the child (arguments and result JSON: non-JSON values are sent as str).
+        The keyword arguments come as one dict so that no name of theirs can clash with `timeout_s`."""
+        request = json.dumps({"args": list(args), "kwargs": kwargs or {}}, default=str).encode() + b"\n"
         with self._lock:
             proc = self._worker()
             try:
@@ -153,8 +154,17 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _plain(value: Any) -> float | str:
+    """A value JSON cannot write: a number of another type (numpy) as a float, anything else as its str (a
+    reward's dict may carry such entries beside the number the caller reads)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def main(name: str) -> None:
-    """The child: answer requests on stdin with fn(*args) until EOF (module docstring)."""
+    """The child: answer requests on stdin with fn(*args, **kwargs) until EOF (module docstring)."""
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")  # the function's prints go to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -170,8 +180,9 @@ def main(name: str) -> None:
         return
     send(json.dumps({"ready": True}))
     for line in sys.stdin:
-        try:  # numbers of other types (numpy) are sent as floats
-            text = json.dumps({"value": fn(*json.loads(line)["args"])}, default=float)
+        try:
+            request = json.loads(line)
+            text = json.dumps({"value": fn(*request["args"], **request.get("kwargs", {}))}, default=_plain)
         except Exception as e:
             text = json.dumps({"error": _error(e)})
         send(text)

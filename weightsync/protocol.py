@@ -1,4 +1,5 @@
-"""Wire protocol shared by the learner-side sender and the actor-side receivers (torch only).
+"""Wire protocol shared by the learner-side sender and the actor-side receivers (no vLLM: torch, and
+`cryptography` through `weightsync.signing`).
 
 Why a separate module: the learner must not import vllm, while the receiving end lives inside a
 vLLM worker. Both ends need the same store keys, the same admission and the same error, so those live

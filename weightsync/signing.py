@@ -1,5 +1,5 @@
 """Signed (and sealed) values on the weight-sync store: only a holder of the run's key can write a value
-that a run member accepts, or read a group value (torch + stdlib only; both ends use it).
+that a run member accepts, or read a group value (torch, stdlib and ``cryptography``; both ends use it).
 
 Why: a ``TCPStore`` has no access control. Anyone who reaches its port may list every key
 (``list_keys``), read every value and overwrite any of them. So the store is treated as a public
@@ -13,9 +13,15 @@ rendezvous address, an NCCL unique id) is worth nothing to it.
 - ``sign(key, ns, name, value)`` -> ``b"ws1:" + tag + b":" + value``; tag = hex HMAC-SHA256(key,
   "ws1" ns name value) (each field length-prefixed): bound to the store (``ns``: "root", or the group
   prefix) and the key name, so a value copied to another key (a replay) is refused like a forgery.
-- ``seal(key, ns, name, value)``: encrypt-then-MAC, ``b"ws1s:" + iv + ":" + tag + ":" + ciphertext``;
-  the keystream is HMAC-SHA256(key', iv || counter) (a PRF in counter mode, a fresh random iv per
-  value); the tag covers iv and ciphertext.
+  Root values are signed, not sealed: a peer must read ``config`` (its nonce) before it holds a key.
+- ``seal(key, ns, name, value)`` -> ``b"ws2s:" + nonce + ciphertext``: AES-256-GCM (``cryptography``'s
+  ``AESGCM``; a standard AEAD rather than a cipher written here, so a security review has nothing
+  home-made to check) under a sealing key derived from the group key with HKDF-SHA256 (info
+  ``SEAL_INFO``, so it differs from the signing key), a fresh random 96-bit nonce per value, and the
+  associated data (``ns``, ``name``, length-prefixed as for ``sign``) binding the value to its store
+  and key name: GCM's 16-byte tag (the ciphertext's last bytes) refuses a tampered nonce, ciphertext or
+  tag, and a value moved to another key or namespace. The group's values (``SignedStore(seal=True)``)
+  are sealed.
 - ``SignedStore(inner, key, ns, seal=...)``: a ``dist.Store`` that signs (seals) what it sets and checks
   what it gets. A value without a valid tag is *as good as absent*: ``check`` says False, ``wait``
   keeps waiting for a valid one (until its timeout), ``get`` raises ``ForgedValue``, and the forgery
@@ -37,12 +43,18 @@ import time
 from datetime import timedelta
 
 import torch.distributed as dist
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 logger = logging.getLogger(__name__)
 
-SIGNED, SEALED = b"ws1:", b"ws1s:"
+SIGNED, SEALED = b"ws1:", b"ws2s:"
+SEAL_INFO = b"impala-lm weight-sync seal v2"  # HKDF label of the sealing key (never used for signing)
 _TAG_HEX = 64
-_IV_HEX = 32
+_NONCE_BYTES = 12  # GCM's 96-bit nonce
+_GCM_TAG_BYTES = 16
 _POLL_S = 0.05
 
 
@@ -66,12 +78,12 @@ def _as_bytes(value) -> bytes:
     return str(value).encode()
 
 
+def _fields(*fields: bytes) -> bytes:
+    return b"".join(len(f).to_bytes(8, "big") + f for f in fields)
+
+
 def _tag(key: bytes, *fields: bytes) -> str:
-    mac = hmac.new(key, b"ws1", hashlib.sha256)
-    for f in fields:
-        mac.update(len(f).to_bytes(8, "big"))
-        mac.update(f)
-    return mac.hexdigest()
+    return hmac.new(key, b"ws1" + _fields(*fields), hashlib.sha256).hexdigest()
 
 
 def sign(key: bytes, ns: str, name: str, value) -> bytes:
@@ -79,25 +91,18 @@ def sign(key: bytes, ns: str, name: str, value) -> bytes:
     return SIGNED + _tag(key, ns.encode(), name.encode(), value).encode() + b":" + value
 
 
-def _keystream(key: bytes, iv: bytes, n: int) -> bytes:
-    enc = hmac.new(key, b"ws1-enc", hashlib.sha256).digest()
-    out = bytearray()
-    counter = 0
-    while len(out) < n:
-        out += hmac.new(enc, iv + counter.to_bytes(8, "big"), hashlib.sha256).digest()
-        counter += 1
-    return bytes(out[:n])
+def seal_key(key: bytes) -> bytes:
+    """The AES-256 key that seals the values of the group with signing key ``key`` (HKDF-SHA256)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=SEAL_INFO).derive(key)
 
 
-def _xor(a: bytes, b: bytes) -> bytes:
-    return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).to_bytes(len(a), "big") if a else b""
+def _aad(ns: str, name: str) -> bytes:
+    return _fields(ns.encode(), name.encode())
 
 
 def seal(key: bytes, ns: str, name: str, value) -> bytes:
-    value = _as_bytes(value)
-    iv = os.urandom(_IV_HEX // 2)
-    ct = _xor(value, _keystream(key, iv, len(value)))
-    return SEALED + iv.hex().encode() + b":" + _tag(key, ns.encode(), name.encode(), iv, ct).encode() + b":" + ct
+    nonce = os.urandom(_NONCE_BYTES)
+    return SEALED + nonce + AESGCM(seal_key(key)).encrypt(nonce, _as_bytes(value), _aad(ns, name))
 
 
 def open_value(key: bytes, ns: str, name: str, blob) -> bytes | None:
@@ -107,18 +112,12 @@ def open_value(key: bytes, ns: str, name: str, blob) -> bytes | None:
         tag, value = blob[len(SIGNED):len(SIGNED) + _TAG_HEX], blob[len(SIGNED) + _TAG_HEX + 1:]
         good = _tag(key, ns.encode(), name.encode(), value).encode()
         return value if len(blob) > len(SIGNED) + _TAG_HEX and hmac.compare_digest(tag, good) else None
-    if blob.startswith(SEALED):
-        rest = blob[len(SEALED):]
+    if blob.startswith(SEALED) and len(blob) >= len(SEALED) + _NONCE_BYTES + _GCM_TAG_BYTES:
+        nonce, ct = blob[len(SEALED):len(SEALED) + _NONCE_BYTES], blob[len(SEALED) + _NONCE_BYTES:]
         try:
-            iv = bytes.fromhex(rest[:_IV_HEX].decode())
-        except ValueError:
+            return AESGCM(seal_key(key)).decrypt(nonce, ct, _aad(ns, name))
+        except InvalidTag:
             return None
-        tag, ct = rest[_IV_HEX + 1:_IV_HEX + 1 + _TAG_HEX], rest[_IV_HEX + 2 + _TAG_HEX:]
-        if len(rest) < _IV_HEX + 2 + _TAG_HEX:
-            return None
-        if not hmac.compare_digest(tag, _tag(key, ns.encode(), name.encode(), iv, ct).encode()):
-            return None
-        return _xor(ct, _keystream(key, iv, len(ct)))
     return None
 
 

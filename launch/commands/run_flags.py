@@ -1,43 +1,81 @@
-"""The flags of a run, shared by `algo-train` (launch.cli) and `algo-train doctor` (launch.doctor.command), and
-the dotted config keys the dedicated ones set."""
+"""The flags of a run, shared by `algo-train` / `algo-train train` (launch.cli) and `algo-train doctor`
+(launch.doctor.command), the dotted config keys the dedicated ones set, and the parser class of every
+`algo-train` command (`Parser`)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 
-EPILOG_TAIL = """
-a run folder (--output, default runs/<algo>-<timestamp>) holds one run: an existing one is refused
-unless --resume DIR (continue it, with its own config.yaml) or --force (start it over).
-
-other commands:
-  algo-train eval --model DIR --data FILE [--n K]   accuracy, pass@k and mean@k of a model on a data file
-  algo-train plot RUN_DIR [RUN_DIR ...]             plot runs' curves
-  algo-train doctor [the run's flags] [--json FILE]  check, node by node, that the cluster can run them"""
+UNRECOGNIZED = "unrecognized arguments: "
+INVALID_CHOICE = re.compile(r"invalid choice: '(.*?)' \(choose from (.*)\)$")
 
 
-def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching, and with the closest valid flag or choice in its errors.
+
+    Why: argparse's default takes any unique prefix, so `--actor 2` silently meant `--actors 2` and a flag
+    added later could change what an old command line means; a mistyped flag got only "unrecognized
+    arguments" (Python 3.11's argparse suggests nothing)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        super().error(message + did_you_mean(message, list(self._option_string_actions)))
+
+
+def did_you_mean(message: str, options: list[str]) -> str:
+    """' — did you mean ...?' for an argparse error about unknown flags (the closest of `options`, by
+    difflib's ratio) or an invalid choice (the closest choice, case ignored); '' when nothing is close."""
+    if message.startswith(UNRECOGNIZED):
+        flags = [w.split("=", 1)[0] for w in message.removeprefix(UNRECOGNIZED).split() if w.startswith("-")]
+        pairs = [(f, close[0]) for f in flags if (close := difflib.get_close_matches(f, options, n=1))]
+        if len(pairs) == 1:
+            return f" — did you mean {pairs[0][1]}?"
+        return (" — did you mean " + ", ".join(f"{c} (for {f})" for f, c in pairs) + "?") if pairs else ""
+    choice = INVALID_CHOICE.search(message)
+    if choice:
+        close = difflib.get_close_matches(choice.group(1).lower(), re.findall(r"'([^']*)'", choice.group(2)), n=1)
+        return f" — did you mean {close[0]!r}?" if close else ""
+    return ""
+
+
+def algorithms_text() -> str:
+    """The algorithms with their one-line summaries, for a --help epilog."""
     import algos
 
-    p = argparse.ArgumentParser(
-        prog="algo-train", add_help=add_help,
-        description="Asynchronous actor-learner RL for language models.",
-        epilog="algorithms:\n" + "\n".join(f"  {n:6s} {algos.get(n).summary}" for n in algos.names())
-        + "\n" + EPILOG_TAIL,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return "algorithms:\n" + "\n".join(f"  {n:6s} {algos.get(n).summary}" for n in algos.names())
+
+
+def build_parser(add_help: bool = True) -> Parser:
+    """A parser holding the run flags (`add_run_flags`) alone: the parent of `algo-train doctor`'s parser."""
+    p = Parser(prog="algo-train", add_help=add_help, description="Asynchronous actor-learner RL for language models.",
+               epilog=algorithms_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_flags(p)
+    return p
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    import algos
+
     p.add_argument("--algo", choices=algos.names(), help="algorithm (default config: configs/<algo>.yaml)")
     p.add_argument("--config", metavar="FILE",
                    help="your YAML, laid over configs/<algo>.yaml of the algorithm it names (`algo:`) or --algo")
     p.add_argument("--actors", type=int, metavar="N", help="vLLM actor processes (rollout.num_actors)")
-    p.add_argument("--model", metavar="PATH", help="local HF model directory (model.path)")
-    p.add_argument("--data", metavar="PATH", help="train parquet/JSONL in veRL layout (data.path)")
+    p.add_argument("--model", metavar="PATH", help="local HF model directory, or a Hub id (org/name) in the local "
+                                                  "HF cache (model.path)")
+    p.add_argument("--data", metavar="PATH", help="train .jsonl/.json/.parquet in veRL, MATH or GSM8K layout, or "
+                                                  "hf://NAME[:CONFIG] (data.path)")
     p.add_argument("--demos", metavar="PATH", help="teacher trajectories for LUFFY / demonstrations for SFT")
     p.add_argument("--max-staleness", type=staleness_flag, metavar="K",
                    help="buffer.max_staleness, in versions; auto = chosen from measured wait and step times")
     p.add_argument("--steps", type=int, metavar="N", help="learner steps = weight pushes (learner.steps); each takes "
                                                           "mini_batches × epochs optimiser steps")
-    p.add_argument("--output", metavar="DIR", help="run folder (default runs/<algo>-<timestamp>); must not hold "
-                                                   "another run")
+    p.add_argument("--output", metavar="DIR", help="run folder (default runs/<algo>-<timestamp>); one that holds "
+                                                   "this command's run is continued from its checkpoint")
     p.add_argument("--force", action="store_true", help="start over in an --output folder that holds a run "
                                                         "(deletes its contents)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
@@ -51,7 +89,6 @@ def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show other programs' warnings and progress bars (logging.verbose)")
     p.add_argument("--dry-run", action="store_true", help="print the fully resolved config and exit")
-    return p
 
 
 def staleness_flag(value: str) -> int | str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from configs.loading import ConfigError, dump_annotated
 from configs.schema import RunConfig
 from launch.commands.console import quiet_env
+from launch.commands.push import push_export, push_problem
 from launch.loop.progress import Progress
 from launch.planning.cluster import ClusterInfo
 from launch.planning.memory_estimate import start_lines
@@ -71,7 +72,9 @@ def resume_lines(resume: ResumePlan, run_dir: Path) -> list[str]:
     moves to when learner.lr_horizon_steps was raised on a decaying schedule (by --steps past the
     horizon, `launch.state.rundir.plan_resume`, or by hand)."""
     show = ", ".join(f"{k} {show_value(a)} -> {show_value(b)}" for k, (a, b) in resume.changes.items())
-    lines = [f"[resume] {run_dir} from step {resume.step} to step {resume.cfg.learner.steps}: {show or 'no changes'}"]
+    why = "holds this command's run (--force starts it over): continuing it " if resume.rerun else ""
+    lines = [f"[resume] {run_dir} {why}from step {resume.step} to step {resume.cfg.learner.steps}: "
+             f"{show or 'no changes'}"]
     lc = resume.cfg.learner
     old_h, new_h = resume.changes.get("learner.lr_horizon_steps", [None, None])
     old_h = old_h or resume.changes.get("learner.steps", [lc.steps])[0]  # null = the run's steps then
@@ -90,9 +93,14 @@ def resume_lines(resume: ResumePlan, run_dir: Path) -> list[str]:
     return lines
 
 
-def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None) -> int:
-    """Start the run `cfg` (a new one, or `resume`'s continuation); returns the exit status."""
+def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None, push_to: str | None = None,
+          public: bool = False) -> int:
+    """Start the run `cfg` (a new one, or `resume`'s continuation); returns the exit status. push_to: the Hub
+    repository its final HF export goes to once it has finished (`launch.commands.push`; public: created
+    public instead of private)."""
     try:
+        if push_to is not None and (problem := push_problem(push_to)):
+            raise ConfigError(problem)
         run_dir = run_dir_for(cfg).absolute()
         if resume is None:
             check_new_run_dir(run_dir, force)
@@ -125,6 +133,8 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None)
     after = after_run(status, run_dir)
     if after:
         print(after, file=sys.stderr)
+    if status == 0 and push_to is not None:
+        status = push_export(run_dir, push_to, private=not public)
     return status
 
 

@@ -29,16 +29,16 @@ from pathlib import Path
 
 from configs.loading import ConfigError, resolve
 from configs.schema import RunConfig
+from launch.commands.run_flags import Parser, flags_from_args
 from launch.commands.run_flags import build_parser as run_parser
-from launch.commands.run_flags import flags_from_args
 from launch.doctor.report import Check, table
 
 PROBE_TOKENS = 1024  # tokens of the learner's memory probe
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="algo-train doctor", parents=[run_parser(add_help=False)],
-                                description="Check, node by node, that this cluster can run this configuration.")
+    p = Parser(prog="algo-train doctor", parents=[run_parser(add_help=False)],
+               description="Check, node by node, that this cluster can run this configuration.")
     p.add_argument("--json", metavar="FILE", help="also write the checks as JSON to FILE")
     p.add_argument("--skip", action="append", default=[], choices=["learner", "weights"],
                    help="leave out a slow check (repeatable)")
@@ -46,11 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_for(args: argparse.Namespace) -> RunConfig:
-    return resolve(args.algo, args.config, flags_from_args(args), args.overrides)
+    """The run's config with its paths as the run would have them (absolute; a Hub model id resolved
+    through the local HF cache, `launch.state.storage.absolutize`)."""
+    from launch.state.storage import absolutize
+
+    return absolutize(resolve(args.algo, args.config, flags_from_args(args), args.overrides), Path.cwd())
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`algo-train doctor` with its parsed flags; returns the exit status (1 on any FAIL)."""
     try:
         cfg = config_for(args)
     except ConfigError as e:

@@ -79,7 +79,8 @@ class WeightPeer:
 
             gpu = bool(cfg.learner.gpus_per_rank)
             self.dtype = getattr(torch, cfg.model.resolved_dtype(gpu=gpu))
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              trust_remote_code=cfg.model.trust_remote_code)
             self.model.to("cuda" if gpu else "cpu")
 
     # ------------------------------------------------------------------ learner

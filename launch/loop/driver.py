@@ -239,7 +239,8 @@ class Driver:
         metrics = MetricsWriter(self.run_dir, tensorboard=cfg.logging.tensorboard, from_step=step,
                                 wandb=wandb_init(cfg, self.run_dir))
         samples = SampleLog(self.run_dir, cfg.logging.samples_every, cfg.logging.samples_per_step,
-                            self.graph.model_dir, text_sink=metrics.write_text, from_step=step)
+                            self.graph.model_dir, text_sink=metrics.write_text, from_step=step,
+                            trust_remote_code=cfg.model.trust_remote_code)
         return Outputs(metrics, samples, self.progress, cfg.logging.log_every)
 
     @contextmanager

@@ -40,7 +40,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
 
     def load_inputs():  # the warm model, then the prompts (and demonstrations) tokenized with its tokenizer
         model_dir = prepare_model(cfg, log=progress.message)
-        return model_dir, load_run_data(cfg, load_tokenizer(str(model_dir)), run_dir,
+        return model_dir, load_run_data(cfg, load_tokenizer(str(model_dir), cfg.model.trust_remote_code), run_dir,
                                         need_demos=algos.get(cfg.algo).needs_demonstrations, log=progress.message)
 
     with ThreadPoolExecutor(1, thread_name_prefix="run-inputs") as pool:

@@ -55,10 +55,10 @@ class LoopClock:
 
 def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, version: int, actor_restarts: int,
              buffer_restarts: int, actor_reports: Iterable[dict]) -> dict[str, Any]:
-    """The driver's keys of a step's row: the version after the step, train accuracy and throughput of
-    the batch `groups`, the loop's times, the push settled since the last row (`sync`: weight-sync stats,
-    {} when none), the buffer's counters (`buffer`: its stats), restarts, and the actors' reward errors and
-    version counters (`actor_reports`: their last stats)."""
+    """The driver's keys of a step's row: the version after the step, train accuracy, response lengths
+    (`response_metrics`) and throughput of the batch `groups`, the loop's times, the push settled since
+    the last row (`sync`: weight-sync stats, {} when none), the buffer's counters (`buffer`: its stats),
+    restarts, and the actors' reward errors and version counters (`actor_reports`: their last stats)."""
     actor_reports = list(actor_reports)
     samples = sum(g.n for g in groups)
     generated = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
@@ -79,8 +79,21 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/occupancy_groups": buffer.get("occupancy_groups", 0),
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
-        **reward_metrics(actor_reports), **weight_metrics(actor_reports),
+        **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
     }
+
+
+def response_metrics(groups: list) -> dict:
+    """Length of the batch's generated responses (demonstration rows excluded, as for `accuracy/train`;
+    a guided row's demonstration prefix counts): mean and max in tokens, and the share that stopped at
+    the token limit before an eos (`Sample.truncated`, vLLM's finish reason "length"). None without
+    generated samples."""
+    generated = [s for g in groups for s in g.samples if s.finish_reason != "demo"]
+    if not generated:
+        return {"response/length_mean": None, "response/length_max": None, "response/clipped_frac": None}
+    lengths = [int(s.tokens.size) for s in generated]
+    return {"response/length_mean": sum(lengths) / len(lengths), "response/length_max": max(lengths),
+            "response/clipped_frac": sum(bool(s.truncated) for s in generated) / len(generated)}
 
 
 def weight_metrics(reports) -> dict:

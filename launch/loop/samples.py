@@ -68,12 +68,13 @@ class SampleLog:
     from `model_dir` the first time a step is written."""
 
     def __init__(self, run_dir: Path, every: int, per_step: int, model_dir: str | Path, text_sink=None,
-                 from_step: int = 0):
+                 from_step: int = 0, trust_remote_code: bool = False):
         """from_step: the step a resumed run continues from; records of later steps are dropped (those
-        steps are trained again), as `MetricsWriter` does with metrics.jsonl."""
+        steps are trained again), as `MetricsWriter` does with metrics.jsonl. trust_remote_code:
+        model.trust_remote_code, for the tokenizer."""
         self.path = Path(run_dir) / "samples.jsonl"
         self.every, self.per_step, self.model_dir, self.text_sink = every, per_step, str(model_dir), text_sink
-        self._tokenizer = None
+        self._tokenizer, self.trust_remote_code = None, trust_remote_code
         if self.path.exists():
             lines = self.path.read_text().splitlines()
             self.path.write_text("".join(f"{line}\n" for line in lines if _step_of(line) <= from_step))
@@ -82,7 +83,7 @@ class SampleLog:
         if self._tokenizer is None:
             from actors.prompts import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.model_dir)
+            self._tokenizer = load_tokenizer(self.model_dir, self.trust_remote_code)
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def write(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:

@@ -1,9 +1,12 @@
 """The run's prompts and demonstrations, tokenised once in the driver.
 
-- Train/eval prompts: the synthetic arithmetic task (disjoint splits) or a parquet/JSONL file in a
-  layout `tasks.loaders` recognises, columns overridable with `data.fields` (held-out prompts from
-  `data.eval_path`, else the file's last `data.eval_prompts` rows). Each file's layout is logged once,
-  and so are the prompts skipped for being longer than `data.max_prompt_tokens`.
+- Train/eval prompts: the synthetic arithmetic task (disjoint splits) or a parquet/JSONL/JSON file or
+  Hub dataset (`hf://NAME[:CONFIG]`, split `data.split` / `data.eval_split`) in a layout `tasks.loaders`
+  recognises, columns overridable with `data.fields` (held-out prompts from `data.eval_path`, else the
+  file's last `data.eval_prompts` rows). Each file's layout is logged once, and so are the prompts skipped
+  for being longer than `data.max_prompt_tokens`. Prompts become token ids here, once, in the run's
+  `prompt_style` (system prompt, chat template or raw text): the actors generate from those ids and the
+  learner trains on them.
 - Demonstrations (LUFFY teacher traces, SFT targets): a teacher file given with `--demos`, matched to
   the training prompts by their question text; with the synthetic task and no file, one is written
   into the run folder by `tasks.write_teacher_file` and read back through the same loader, so the
@@ -27,12 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.prompts import PromptItem, items_from_records
+from actors.prompts import PromptItem, PromptStyle, items_from_records
+from configs.data_section import is_template_file
 from configs.schema import RunConfig
 from tasks import ArithmeticConfig, make_splits, problem_records, write_teacher_file
 from tasks.loaders import load_dataset
 from tasks.records import DataError, Record
-from tasks.rewards import scorer_for
+from tasks.rewards import score_all, scorer_for
+
+DEMO_BATCH = 64  # demonstrations per call of a batched reward: a hung call costs 64 × reward.timeout_s, not the file's
 
 
 @dataclass
@@ -51,12 +57,27 @@ def arithmetic_config(cfg: RunConfig) -> ArithmeticConfig:
     return ArithmeticConfig(ops=tuple(a.ops), min_digits=a.min_digits, max_digits=a.max_digits)
 
 
+def prompt_style(cfg: RunConfig) -> PromptStyle:
+    """The run's `PromptStyle` (data.prompt_format, data.system_prompt, data.chat_template); a .jinja file is
+    read here, in the driver: only token ids leave it."""
+    d = cfg.data
+    template = d.chat_template
+    if template is not None and is_template_file(template):
+        try:
+            template = Path(template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"data.chat_template: cannot read {d.chat_template} ({getattr(e, 'strerror', None) or e})"
+                            " — give an existing .jinja file or the template text") from None
+    return PromptStyle(d.system_prompt, template, raw=d.prompt_format == "raw")
+
+
 def read_file(cfg: RunConfig, path: str | Path, *, require_target: bool = False,
-              log: Callable[[str], None] | None = None) -> list[Record]:
-    """The records of one data file with `data.fields` applied; `log` gets its layout in one line."""
+              log: Callable[[str], None] | None = None, split: str | None = None) -> list[Record]:
+    """The records of one data file (or split of a Hub dataset: `split`, default data.split) with
+    `data.fields` applied; `log` gets its layout in one line."""
     fields = {ours: col for ours, col in (("prompt", cfg.data.fields.prompt), ("ground_truth", cfg.data.fields.answer),
                                           ("target", cfg.data.fields.solution)) if col}
-    records, layout = load_dataset(path, fields, require_target=require_target)
+    records, layout = load_dataset(path, fields, require_target=require_target, split=split or cfg.data.split)
     if log:
         log(f"[data] {path}: {len(records)} rows, layout {layout.describe()}")
     return records
@@ -71,7 +92,7 @@ def load_prompt_records(cfg: RunConfig, log: Callable[[str], None] | None = None
         return problem_records(train, "train"), problem_records(held_out, "eval")
     records = read_file(cfg, d.path, log=log)
     if d.eval_path:
-        return records, read_file(cfg, d.eval_path, log=log)[: d.eval_prompts]
+        return records, read_file(cfg, d.eval_path, log=log, split=d.eval_split)[: d.eval_prompts]
     if len(records) <= d.eval_prompts:
         raise DataError(f"data.eval_prompts: {d.path} has {len(records)} rows, too few for {d.eval_prompts} held-out "
                         "prompts and a training set — lower data.eval_prompts or pass data.eval_path")
@@ -176,12 +197,16 @@ def score_demos(demos: dict[int, np.ndarray], train: list[Record], tokenizer,
     """Reward of each demonstration, keyed like `demos` (prompt_index -> ids): `reward_fn(question, text,
     ground truth, extra)` with text = the ids decoded with special tokens skipped (the eos drops out) and
     the rest from training prompt `train[prompt_index]` -- what `actors.generate.GroupSampler` does with
-    a generated row of that prompt."""
+    a generated row of that prompt. Scored DEMO_BATCH at a time (`tasks.rewards.score_all`): one call of a
+    batched TRL-style reward each, whose time limit grows with the batch."""
     keys = list(demos)
     texts = tokenizer.batch_decode([demos[i].tolist() for i in keys], skip_special_tokens=True)
-    return {i: float(reward_fn(train[i].question, t, train[i].ground_truth,
-                               {**train[i].extra_info, "data_source": train[i].data_source}))
-            for i, t in zip(keys, texts)}
+    rewards: list[float] = []
+    for at in range(0, len(keys), DEMO_BATCH):
+        rows = [train[i] for i in keys[at:at + DEMO_BATCH]]
+        rewards += score_all(reward_fn, [r.question for r in rows], texts[at:at + DEMO_BATCH],
+                             [r.ground_truth for r in rows], [{**r.extra_info, "data_source": r.data_source} for r in rows])
+    return dict(zip(keys, rewards))
 
 
 def too_long(what: str, skipped: int, total: int, cfg: RunConfig) -> str:
@@ -197,8 +222,9 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
     (default `tasks.rewards.scorer_for(cfg)`); log: where the start-up lines go (layouts, prompts skipped
     for length, the demonstration summary)."""
     train_recs, eval_recs = load_prompt_records(cfg, log)
-    train, skipped = items_from_records(train_recs, tokenizer, cfg.data.max_prompt_tokens)
-    held_out, eval_skipped = items_from_records(eval_recs, tokenizer, cfg.data.max_prompt_tokens)
+    style = prompt_style(cfg)
+    train, skipped = items_from_records(train_recs, tokenizer, cfg.data.max_prompt_tokens, style=style)
+    held_out, eval_skipped = items_from_records(eval_recs, tokenizer, cfg.data.max_prompt_tokens, style=style)
     for what, n, total in (("training", len(skipped), len(train_recs)), ("held-out", len(eval_skipped), len(eval_recs))):
         if n:
             log(too_long(what, n, total, cfg))

@@ -1,4 +1,5 @@
-"""The model a run starts from: a local HF directory, or the built-in tiny model warmed up with SFT.
+"""The model a run starts from: a local HF directory (or a Hub id's snapshot in the local HF cache,
+`launch.prep.hub`), or the built-in tiny model warmed up with SFT.
 
 The tiny model (tasks.build_tiny_model) is random; RL from random weights would never see a reward.
 So it is first trained with SFT (the same learner and `sft` algorithm users run) on noisy synthetic
@@ -9,6 +10,7 @@ everything that determines them, so only the first run pays (seconds for the bui
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -18,6 +20,10 @@ import numpy as np
 
 from configs.schema import DataConfig, RunConfig
 from launch.prep.demo_batches import DemoBatches
+
+# data keys the warm-up key leaves out: Hub splits (it reads no file), and the prompt keys, which enter as
+# the prompt style they make (a .jinja file by its text), and only when not the default
+PROMPT_KEYS = ("split", "eval_split", "prompt_format", "system_prompt", "chat_template")
 
 
 def _key(payload: dict) -> str:
@@ -71,7 +77,9 @@ def base_model_dir(cfg: RunConfig) -> Path:
 def prepare_model(cfg: RunConfig, log=print) -> Path:
     """Directory of the starting policy: `model.path`, or the cached SFT-warmed tiny model."""
     if cfg.model.path is not None:
-        path = Path(cfg.model.path)
+        from launch.prep.hub import model_dir
+
+        path = model_dir(cfg.model.path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.path: {path} is not an HF model directory (no config.json)")
         return path
@@ -92,9 +100,13 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
                                     "learner.steps": cfg.model.sft_warmup_steps, "learner.lr_schedule": "constant"})
     warm_data = warmup_data(cfg)
     sft_cfg.data = warm_data
+    from launch.prep.data import prompt_style
+
+    style = prompt_style(cfg)  # the run's prompt tokens: what the warmed-up model will be asked
     warm_key = _key({"base": base_key, "learner": sft_cfg.learner.model_dump(),
-                     "data": warm_data.model_dump(exclude={"fields"}),
-                     "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype})
+                     "data": warm_data.model_dump(exclude={"fields", *PROMPT_KEYS}),
+                     "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype,
+                     **({"prompt": dataclasses.asdict(style)} if style != type(style)() else {})})
     out = root / f"tiny-{base_key}-sft-{warm_key}"
     if (out / "config.json").is_file():  # `out` appears by a rename, complete
         return out
@@ -108,7 +120,7 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
                            config=arithmetic_config(cfg))
     records = demonstration_records(train, error_rate=cfg.model.sft_error_rate, seed=cfg.data.seed)
     demos = tokenize_demos(records, records, tokenizer, Path("synthetic demonstrations"))
-    prompts = {i: tuple(encode_prompt(tokenizer, records[i].prompt)) for i in demos}
+    prompts = {i: tuple(encode_prompt(tokenizer, records[i].prompt, style)) for i in demos}
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     run_sft(sft_cfg, init, demos, prompts, cfg.model.sft_warmup_steps, tmp, log)

@@ -6,16 +6,20 @@ folder half made. `preflight` reads everything the run will read, in the driver,
 problem with a `PreflightError` whose message is one or two lines: the config key, what is wrong, the fix.
 It writes nothing. Checked, in order:
 
-- model.path: a directory with config.json (valid JSON), weights (*.safetensors / *.bin) and a tokenizer
-  that loads, has an eos token and a chat template (prompts are chat-formatted); its context
+- model.path: a directory (or a Hub id in the local HF cache, `launch.prep.hub`) with config.json (valid
+  JSON), weights (*.safetensors / *.bin) and a tokenizer that loads (model.trust_remote_code), has an eos
+  token and a chat template unless the run brings its own (data.chat_template) or uses none
+  (data.prompt_format=raw); its context
   (max_position_embeddings) holds data.max_prompt_tokens + rollout.max_response_tokens (every vLLM
   engine would fail at start otherwise, after the learner has loaded);
 - the prompts: data.path / data.eval_path load whole (`tasks.loaders`: the file, line and field of a bad
-  row), hold rows, and leave a training set after the held-out split; the synthetic task has enough
-  distinct problems;
+  row; a Hub dataset needs the `datasets` package), hold rows, and leave a training set after the held-out
+  split; the synthetic task has enough distinct problems; the first training prompt renders in the run's
+  prompt style (`launch.prep.data.prompt_style`: a chat template that fails on it fails here);
 - data.demos (algorithms that train on demonstrations): loads whole with a demonstration per row, and
   gives at least data.min_demo_match of the training prompts a demonstration (by question text);
-- reward.fn: loads and takes (prompt, response, ground_truth, extra) (`tasks.rewards.check_reward_fn`);
+- reward.fn: loads and its parameter names fit our, veRL's or TRL's shape, a TRL one's columns those of the
+  data (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
   with a tokenizer, or a function that loads.
 """
@@ -29,9 +33,11 @@ from pathlib import Path
 import algos
 from configs.loading import value_of
 from configs.schema import RunConfig
-from launch.prep.data import load_prompt_records, match_demos, read_file
+from launch.prep.data import load_prompt_records, match_demos, prompt_style, read_file
+from launch.prep.hub import ModelNotCached, model_dir
+from tasks.loaders import HUB_DATA
 from tasks.records import DataError
-from tasks.rewards import RewardSpecError, check_reward_fn, reward_name
+from tasks.rewards import RewardSpecError, check_reward_fn, data_columns, reward_name
 from tasks.worker import load_function
 
 
@@ -42,21 +48,28 @@ class PreflightError(Exception):
 def preflight(cfg: RunConfig) -> None:
     """Raise `PreflightError` at the first problem (module docstring); return None when all is usable."""
     spec = algos.get(cfg.algo)
+    tokenizer = None
     if cfg.model.path is not None:
-        path = Path(cfg.model.path)
-        tokenizer = check_hf_dir("model.path", path)
+        try:
+            path = model_dir(cfg.model.path)
+        except ModelNotCached as e:
+            raise PreflightError(str(e)) from None
+        tokenizer = check_hf_dir("model.path", path, cfg.model.trust_remote_code)
         if tokenizer.eos_token_id is None:
             raise PreflightError(f"model.path: the tokenizer in {path} has no eos token — set tokenizer.eos_token "
                                  "and save it")
-        if not getattr(tokenizer, "chat_template", None):
+        if (not getattr(tokenizer, "chat_template", None) and cfg.data.chat_template is None
+                and cfg.data.prompt_format == "chat"):
             raise PreflightError(f"model.path: the tokenizer in {path} has no chat template (prompts are "
-                                 "chat-formatted) — set tokenizer.chat_template and save it")
+                                 "chat-formatted) — give one with data.chat_template, or use data.prompt_format=raw "
+                                 "for a base model")
         check_context(cfg, path)
     train = check_prompts(cfg)  # (training, held-out) records
+    check_prompt_style(cfg, tokenizer, train[0][:1])
     if spec.needs_demonstrations and cfg.data.demos:
         check_demos(cfg, *train)
     try:
-        check_reward_fn(reward_name(cfg))
+        check_reward_fn(reward_name(cfg), data_columns(train[0] + train[1]))
     except RewardSpecError as e:
         raise PreflightError(str(e)) from None
     for key, kind in spec.files(cfg):
@@ -79,7 +92,7 @@ def check_context(cfg: RunConfig, path: Path) -> None:
         raise PreflightError(problem)
 
 
-def check_hf_dir(key: str, path: Path):
+def check_hf_dir(key: str, path: Path, trust_remote_code: bool = False):
     """The tokenizer of `path`, an HF model directory with config.json and weights (else `PreflightError`)."""
     fix = f"{key} must be a local HF model directory (config.json, tokenizer and weights, as save_pretrained writes)"
     if not path.is_dir():
@@ -96,7 +109,7 @@ def check_hf_dir(key: str, path: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise PreflightError(f"{key}: the tokenizer in {path} does not load ({why}) — save it there with "
@@ -109,10 +122,15 @@ def check_prompts(cfg: RunConfig) -> tuple[list, list]:
     if d.task == "file" and d.path is None:  # only algorithms that train on demonstrations alone get here
         raise PreflightError("data.path: data.task=file needs the training prompts — pass --data FILE (the same "
                              "file as --demos when the teacher file is your training set)")
-    for key in ("data.path", "data.eval_path"):
+    for key in ("data.path", "data.eval_path", "data.demos"):
         value = getattr(d, key.split(".")[1])
-        if d.task == "file" and value is not None and not Path(value).is_file():
-            raise PreflightError(f"{key}: no file {value} — pass a .jsonl or .parquet file")
+        if value is not None and value.startswith(HUB_DATA):
+            if importlib.util.find_spec("datasets") is None:
+                raise PreflightError(f"{key}: {value} is a Hub dataset, read with the `datasets` package, which is "
+                                     "not installed — `pip install datasets`, or save the data as a .jsonl file")
+        elif d.task == "file" and value is not None and key != "data.demos" and not Path(value).is_file():
+            raise PreflightError(f"{key}: no file {value} — pass a .jsonl, .json or .parquet file, or "
+                                 f"{HUB_DATA}NAME[:CONFIG] for a Hub dataset")
     try:
         train, held_out = load_prompt_records(cfg)
     except DataError as e:  # names the file, line and field, or data.eval_prompts
@@ -125,11 +143,37 @@ def check_prompts(cfg: RunConfig) -> tuple[list, list]:
     return train, held_out
 
 
+def check_prompt_style(cfg: RunConfig, tokenizer, records: list) -> None:
+    """The run's prompt style (`prompt_style`: a .jinja file that reads) renders `records` with `tokenizer`
+    (None: the built-in model's, checked only when the style is not the default)."""
+    d = cfg.data
+    try:
+        style = prompt_style(cfg)
+    except DataError as e:
+        raise PreflightError(str(e)) from None
+    if tokenizer is None:
+        if d.chat_template is None and d.system_prompt is None and d.prompt_format == "chat":
+            return
+        from tasks.tiny_model import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    from actors.prompts import encode_prompt
+
+    for rec in records:
+        try:
+            encode_prompt(tokenizer, rec.prompt, style)
+        except Exception as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            key = "data.chat_template" if d.chat_template else "model.path"
+            raise PreflightError(f"{key}: the chat template fails on the first training prompt ({why}) — fix the "
+                                 "template, or give one with data.chat_template") from None
+
+
 def check_demos(cfg: RunConfig, train: list, held_out: list = ()) -> None:
     """data.demos loads with a demonstration on every row and gives at least data.min_demo_match of the
     training prompts theirs (`launch.prep.data.match_demos`)."""
-    path = Path(cfg.data.demos)
-    if not path.is_file():
+    path = cfg.data.demos
+    if not path.startswith(HUB_DATA) and not Path(path).is_file():
         raise PreflightError(f"data.demos: no file {path} — pass --demos FILE (.jsonl or .parquet with a "
                              "demonstration column: target, solution, or data.fields.solution)")
     try:
@@ -151,7 +195,7 @@ def check_algorithm_file(cfg: RunConfig, key: str, kind: str) -> None:
     directory (kind "hf_dir") or a module:function / file.py:function that must load ("function")."""
     value = value_of(cfg, key)
     if kind == "hf_dir":
-        check_hf_dir(key, Path(value))
+        check_hf_dir(key, Path(value), cfg.model.trust_remote_code)
     elif kind == "function":
         try:
             load_function(value)

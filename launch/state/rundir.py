@@ -1,10 +1,18 @@
 """Run folders: a new run never writes into another run's folder, and `--resume DIR` continues DIR's
 own run with only the changes a resume can make safely.
 
-New run: an `--output` folder that already holds a run (config.yaml, metrics.jsonl, summary.json or
-checkpoints/) is refused unless `--force`, which deletes its contents once the new configuration has
+New run: a new or empty `--output` folder. `--force` starts over in a folder that holds a run (config.yaml,
+metrics.jsonl, summary.json or checkpoints/): its contents are deleted once the new configuration has
 validated (`clear_run_dir`). A folder that is not empty and holds no run is refused even with --force:
 nothing that is not a run is ever deleted.
+
+The same command again (`plan_rerun`): without `--force`, a command whose `--output` folder holds a run
+continues that run, as `--resume` would (a Slurm requeue re-runs the job's command line, as veRL's
+`resume_mode: auto` expects). The command's configuration, resolved as a new run's would be, must be the
+run's in every key a resume cannot change (below): a difference is refused by name. Keys a resume may
+change apply as the command gives them (e.g. a larger --steps trains longer); a key the command leaves to
+be decided where the run has it decided ("auto" values, null resource defaults) keeps the run's value. A
+finished run says it is finished; a run without a checkpoint is refused (there is nothing to continue).
 
 Resume (`plan_resume`): the configuration is DIR's config.yaml, not the algorithm's YAML. Flags and
 `--set`s given with `--resume` are laid over it; a key whose value does not change is no change. Keys
@@ -27,6 +35,8 @@ horizon (at least N for a decaying schedule, `RunConfig.problems`).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -49,7 +59,7 @@ RESUME_SAFE = (
     "rollout.custom_resources", "rollout.kv_cache_gib", "rollout.engine.",
     "buffer.max_staleness", "buffer.max_staleness_auto", "buffer.max_staleness_cap", "buffer.capacity_groups",
     "buffer.max_message_mb", "buffer.host", "buffer.port",
-    "weight_sync.", "logging.", "serial", "placement_timeout_s",
+    "weight_sync.", "logging.", "serial", "placement_timeout_s", "max_restarts",
 )
 NOT_COMPARED = ("resume", "resumed", "ray_address", "logging.output_dir")  # set by the resume itself
 
@@ -137,6 +147,7 @@ class ResumePlan:
     step: int  # learner step of the checkpoint the run continues from
     changes: dict[str, list] = field(default_factory=dict)  # key -> [before, from now on]
     finished: bool = False
+    rerun: bool = False  # the command was run again with the run's --output (`plan_rerun`), not --resume
 
 
 def show_value(v: Any) -> str:
@@ -198,3 +209,44 @@ def plan_resume(run_dir: str, algo: str | None, config_file: str | None, flags: 
     new.ray_address = flags.get("ray_address")
     new.resumed = [*saved.resumed, ResumeRecord(step=step, changes=changes)]
     return ResumePlan(new, step, changes)
+
+
+def plan_rerun(output: str, algo: str | None, config_file: str | None, flags: dict[str, Any],
+               overrides: list[str], cwd: Path) -> ResumePlan | None:
+    """What a training command does with an `--output` folder that may hold its run (module docstring):
+    None when the folder holds no run (a new run starts; `check_new_run_dir` judges the folder), else the
+    `ResumePlan` that continues the run (`finished` when it is). Raises `ConfigError` for a run without a
+    checkpoint, or one whose configuration differs from the command's in a key a resume cannot change
+    (each named, with the run's value and the command's)."""
+    from configs.loading import ConfigError, flat, read_yaml, resolve, validate
+    from launch.state.storage import absolutize
+
+    path = Path(output).absolute()
+    if not path.is_dir() or not is_run_dir(path):
+        return None
+    step = checkpoint_step(path)
+    if step is None:
+        raise ConfigError(f"--output {output}: holds a run that stopped before its first checkpoint, so there is "
+                          "nothing to continue — start it over with --force (deletes its contents), or choose "
+                          "another --output")
+    saved = validate(read_yaml(path / "config.yaml", what=f"--output {output}"))
+    with contextlib.redirect_stderr(io.StringIO()):  # resolve's notices concern a new run; this one goes on
+        asked = resolve(algo, config_file, flags, overrides)
+        # compared at the run's length: a default fitted to the steps (fit_warmup) is then the run's
+        command = absolutize(resolve(algo, config_file, flags, [*overrides, f"learner.steps={saved.learner.steps}"]),
+                             cwd)
+    before, after = flat(saved), flat(command)
+    differ = {k: [before[k], after[k]] for k in after
+              if after[k] != before[k] and after[k] != "auto" and k not in NOT_COMPARED}
+    refused = [k for k in differ if not resume_safe(k)]
+    if refused:
+        listed = "; ".join(f"{k} (run: {show_value(differ[k][0])}, this command: {show_value(differ[k][1])})"
+                           for k in refused)
+        raise ConfigError(f"--output {output}: holds a run of another configuration: {listed} — continue that run "
+                          f"as it is with --resume {output}, start it over with --force (deletes its contents), "
+                          "or choose another --output")
+    own = {k: now for k, (_, now) in differ.items() if now is not None}
+    plan = plan_resume(str(path), None, None, own | {"learner.steps": asked.learner.steps,
+                                                      "ray_address": flags.get("ray_address")}, [], cwd)
+    plan.rerun = True
+    return plan

@@ -49,16 +49,26 @@ def absolutize(cfg: RunConfig, cwd: str | Path) -> RunConfig:
 
     A path starting with `~` is expanded for the user running `algo-train`; a relative one is joined
     to `cwd` (the directory `algo-train` was started in). Lexical only: symlinks are not resolved (a
-    symlinked mount point keeps the name every node knows) and the path need not exist yet.
+    symlinked mount point keeps the name every node knows) and the path need not exist yet. Not paths,
+    so left alone: a Hub dataset (`hf://...`) and chat-template text; a Hub model id in model.path
+    becomes its snapshot directory in the local HF cache (`launch.prep.hub`), which every node must see.
     """
+    from configs.data_section import is_template_file
+    from launch.prep.hub import cached_snapshot, is_hub_id
+    from tasks.loaders import HUB_DATA
+
     out = cfg.model_copy(deep=True)
     base = Path(cwd)
-    for key in PATH_KEYS:
+    template = out.data.chat_template
+    for key in (*PATH_KEYS, *(("data.chat_template",) if template and is_template_file(template) else ())):
         section, _, field = key.rpartition(".")
         holder = getattr(out, section) if section else out
         value = getattr(holder, field)
-        if value is not None:
-            setattr(holder, field, str(base / Path(value).expanduser()))
+        if value is None or value.startswith(HUB_DATA):
+            continue
+        if key == "model.path" and is_hub_id(value, base):
+            value = str(cached_snapshot(value))
+        setattr(holder, field, str(base / Path(value).expanduser()))
     return out
 
 

@@ -15,9 +15,12 @@ Ray runs with token authentication on every node and every driver: RAY_AUTH_MODE
 file of the harness's own (RAY_AUTH_TOKEN_PATH), in the environment of the head, of the worker and of
 every command run through `TwoHosts.run`/`popen` (`TwoHosts.env`). Ray 2.60 turns it on by itself only
 for a head started where ~/.ray/auth_token exists — never for a joining worker nor for
-`ray.init(address=...)` — so a real cluster sets it on every node too (docs/running.md). Each host's
-commands also get GLOO_SOCKET_IFNAME set to its end of the veth (`env_of`), as docs/running.md asks of
-every node: the machine's hostname resolves to 127.0.0.1, which gloo would otherwise bind.
+`ray.init(address=...)` — so a real cluster sets it on every node too (docs/running.md). Nothing else is
+set: no GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, although the machine's hostname resolves to 127.0.0.1
+here (what gloo binds by default). A run must not need them where its learner ranks share a node: the
+weight sync binds the addresses it advertises, and a learner of one rank makes no rendezvous. (With
+the variable exported, a run that set it to loopback in the learner's process passed here while it
+failed for users: review gpu_path_2 N1.)
 
 Everything started here is stopped by pid in `close()`: every process living in either namespace
 (`ip netns pids`), then the namespaces themselves (which takes the veth pair with them).
@@ -99,9 +102,8 @@ class TwoHosts:
         return ["ip", "netns", "exec", self.ns(host), *argv]
 
     def env_of(self, host: str) -> dict[str, str]:
-        """`env` plus GLOO_SOCKET_IFNAME = the host's veth, as on a real node (the hostname resolves
-        to loopback here, and gloo would bind that)."""
-        return self.env | {"GLOO_SOCKET_IFNAME": self.veth(host)}
+        """The environment of what runs on `host`: `env` (Ray's token auth), nothing host-specific."""
+        return dict(self.env)
 
     def run(self, host: str, *argv: str, timeout: float = 120, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:

@@ -56,6 +56,10 @@ def check_run(run: Path, steps: int, max_staleness: int, key: str) -> list[dict]
         assert r["loss/total"] is not None and math.isfinite(r["loss/total"]), r
         assert r["staleness/max"] <= max_staleness, f"a row above the staleness bound was trained: {r}"
         assert key in r and r[key] is not None, f"{key} missing from {sorted(r)}"
+        # what users look at first (issue 32): entropy every step, response lengths of the generated rows
+        assert r.get("entropy") is not None and r["entropy"] >= 0, r
+        for k in ("response/length_mean", "response/length_max", "response/clipped_frac"):
+            assert k in r and (r[k] is not None or r["accuracy/train"] is None), f"{k}: {r}"
     return train_rows
 
 

@@ -5,9 +5,11 @@ with 2 real vLLM actors (Ray), a real buffer process, a real FSDP learner and re
 Every run here is a user's run with their own model and data (`tests.e2e.real_model`, built once per
 session in seconds, nothing downloaded): `--model` a random-init Qwen2 (head_dim 64, grouped-query
 attention, q/k/v biases, tied embeddings) with a byte-level BPE tokenizer trained on MATH-500, `--data`
-(and LUFFY's `--demos`) MATH-500 as shipped, math-verify rewards, PURE's PRM a random-init HF
-token-classification model. Runs are small (groups of 4, 4 prompts a step, 48-token responses).
-A random model scores 0, so its groups are all-fail and are kept (`buffer.acc_lo=0.0` for PRIME's
+(and LUFFY's `--demos`) MATH-500 as shipped, math-verify rewards (LUFFY's called through a veRL user's
+`compute_score`; PRIME's instead a TRL user's batched function that the test recomputes:
+`tests.e2e.field_rewards`), PURE's PRM a random-init HF token-classification model. Runs are small
+(groups of 4, 4 prompts a step, 48-token responses). A random model scores 0 by math-verify, so its
+groups are all-fail and are kept (`buffer.acc_lo=0.0` for PRIME's
 window filter); the weights must still move: PRIME's online PRM, PURE's PRM and LUFFY's teacher row
 (MATH-500's solution, reward 1) give non-zero advantages. Learning itself is measured by the quick-start
 curves.
@@ -19,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +38,8 @@ from tests.e2e.helpers import (
 )
 from tests.e2e.real_model import RealAssets
 
+FIELD_REWARDS = Path(__file__).with_name("field_rewards.py")
+
 pytestmark = pytest.mark.slow
 
 ALGO_KEYS = {"rloo": "loss/pg", "prime": "prime/prm_loss", "pure": "pure/min_step_score",
@@ -48,19 +53,21 @@ def user_args(assets: RealAssets, *args: str) -> list[str]:
 
 def algo_args(algo: str, assets: RealAssets) -> list[str]:
     if algo == "prime":
-        return ["--set", "buffer.acc_lo=0.0"]  # keep the groups the model fails entirely
+        return ["--set", "buffer.acc_lo=0.0",  # keep the groups the model fails entirely
+                "--set", f"reward.fn={FIELD_REWARDS}:group_parity"]  # a TRL user's batched reward
     if algo == "pure":  # the HF PRM; also the bf16 delta weight sync end to end: pushes 1 and 3 dense, 2 a delta.
         # A 7B-like lr: at 1e-6 few bf16 values move per step, so push 2 travels as a delta; at pure.yaml's 1e-4
         # most do, and a delta over half the elements is sent dense (weightsync.delta's fallback)
         return ["--set", "pure.prm=hf", "--set", f"pure.prm_path={assets.prm}", "--set", "model.dtype=bfloat16",
                 "--set", "weight_sync.mode=delta", "--set", "weight_sync.full_every=2", "--set", "learner.lr=1e-6"]
     if algo == "luffy":
-        return ["--demos", str(assets.data)]  # MATH-500's solutions are the teacher's
+        return ["--demos", str(assets.data),  # MATH-500's solutions are the teacher's
+                "--set", f"reward.fn={FIELD_REWARDS}:compute_score"]  # a veRL user's reward
     return []
 
 
 def check_user_run(out, log: str, assets: RealAssets, steps: int) -> None:
-    """MATH-500 was read in its own layout, every reward call of math-verify succeeded, and samples.jsonl
+    """MATH-500 was read in its own layout, every reward call succeeded, and samples.jsonl
     holds one decoded sample of each step, of a MATH-500 problem with its answer."""
     assert "layout problem/answer/solution" in log, log[-3000:]
     assert_quiet_console(log)
@@ -77,6 +84,19 @@ def check_user_run(out, log: str, assets: RealAssets, steps: int) -> None:
         problems = [p for p in answers if p in s["prompt"]]  # the prompt decoded through the chat template
         assert len(problems) == 1 and s["ground_truth"] == answers[problems[0]], s
         assert isinstance(s["response"], str) and s["response_tokens"] > 0 and s["reward"] in (0.0, 1.0), s
+
+
+def check_group_parity(out, assets: RealAssets) -> None:
+    """PRIME's TRL-style reward (`field_rewards.group_parity`) was given whole groups (rollout.n = 4 completions
+    a call) with MATH-500's id column: each logged sample's reward is recomputed from its response, its
+    ground truth and its problem's id -- 1.0 iff len(response) + len(ground truth) + len(id) is a multiple of 4."""
+    ids = {}
+    for line in assets.data.read_text().splitlines():
+        row = json.loads(line)
+        ids[row["problem"]] = row["id"]
+    for s in [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]:
+        (problem,) = [p for p in ids if p in s["prompt"]]
+        assert s["reward"] == float((len(s["response"]) + len(s["ground_truth"]) + len(ids[problem])) % 4 == 0), s
 
 
 # Where each algorithm runs end to end: grpo across two hosts (tests/cluster) and in the quick-start, rloo
@@ -109,7 +129,11 @@ def test_two_runs_at_once_prime_and_luffy_both_finish(tmp_path, real_assets):
             rows = check_run(out, 3, 1, ALGO_KEYS[algo])
             assert_weights_changed_from(real_assets.model, out, 3)
             check_user_run(out, text, real_assets, 3)
-            if algo == "luffy":  # the teacher rows are MATH-500's own solutions: math-verify scores them 1
+            if algo == "prime":
+                check_group_parity(out, real_assets)
+            # the teacher rows are MATH-500's own solutions: math-verify scores them 1, through the veRL-style
+            # compute_score only when it is given the row's data_source and extra_info (and its dict read)
+            if algo == "luffy":
                 assert all(r["luffy/reward_offpolicy"] == 1.0 for r in rows), rows
     finally:
         for _, _, proc in runs.values():
@@ -168,9 +192,10 @@ def test_ctrl_c_stops_cleanly_then_resume_trains_no_prompt_twice(tmp_path, real_
     pushed = {r["step"]: r.get("weight_sync/changed_frac") for r in trained_rows(out) if r["step"] <= 3}
     assert pushed[1] is None and pushed[2] == 1.0 and 0 < pushed[3] < 1, pushed
 
-    # Continue the interrupted run for 2 more steps: exactly 2 steps of new prompts are added.
-    proc2 = train(out, None, "--algo", "pure", "--steps", str(stopped_at + 2), "--resume", str(out), *args)
-    assert "[resume]" in proc2.stdout + proc2.stderr
+    # Continue the interrupted run for 2 more steps by running its own command again (a Slurm requeue;
+    # only --steps differs, which a resume may change): exactly 2 steps of new prompts are added.
+    proc2 = train(out, None, "--algo", "pure", "--actors", "2", "--steps", str(stopped_at + 2), *args)
+    assert "holds this command's run" in proc2.stdout + proc2.stderr, (proc2.stdout + proc2.stderr)[-4000:]
     both = ledger(out, stopped_at + 2)
     assert len(both) == (stopped_at + 2) * 4 and len(set(both)) == len(both), "a prompt was trained twice"
     assert set(first) <= set(both)

@@ -174,6 +174,69 @@ def test_eval_arguments_are_checked_before_anything_starts(tmp_path, capsys):
     assert cfg.reward.fn == "math_verify"
 
 
+def test_a_shut_down_engine_collected_at_interpreter_exit_raises_nothing(monkeypatch):
+    """vLLM's `AsyncLLM.__del__` calls `shutdown()` again when the engine is collected; at interpreter exit the
+    module globals that shutdown calls are already None, which printed "Exception ignored in AsyncLLM.__del__
+    ... TypeError" at the end of every `algo-train eval`. Modelled here: the engine class of vLLM 0.32 reduced
+    to those two methods, in a module whose global is then set to None as the interpreter's teardown does."""
+    import gc
+    import sys
+    import textwrap
+    import types
+
+    from actors.engine import shutdown_engine
+
+    vllm_like = types.ModuleType("vllm_like")
+    exec(textwrap.dedent("""
+        calls = []
+
+        def shutdown_prometheus():
+            calls.append("shutdown")
+
+        class AsyncLLM:
+            def shutdown(self, timeout=None):
+                shutdown_prometheus()
+
+            def __del__(self):
+                self.shutdown()
+    """), vllm_like.__dict__)
+    engine = vllm_like.AsyncLLM()
+    shutdown_engine(engine)
+    shutdown_engine(engine)  # idempotent
+    assert vllm_like.calls == ["shutdown"]
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    vllm_like.shutdown_prometheus = None  # what interpreter teardown does to the module's globals
+    del engine
+    gc.collect()
+    assert unraisable == []
+
+
+@pytest.mark.slow
+def test_eval_ends_without_a_shutdown_traceback(tmp_path):
+    """`algo-train eval` as a user runs it (its own process and vLLM engine, the tiny model): the table, the
+    JSON, exit 0, and nothing from the engine's teardown on stderr (`actors.engine.shutdown_engine`)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tasks.arithmetic import sample_problems
+    from tasks.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": p.prompt}],
+                                        "reward_model": {"ground_truth": p.answer}}) + "\n"
+                            for p in sample_problems(4, split="eval", seed=3)))
+    exe = Path(sys.executable).with_name("algo-train")
+    proc = subprocess.run([str(exe), "eval", "--model", str(model), "--data", str(data), "--n", "2",
+                           "--json", str(tmp_path / "out.json"), "--set", "rollout.max_response_tokens=8"],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-4000:]
+    assert "data_source" in proc.stdout and json.loads((tmp_path / "out.json").read_text())["n"] == 2
+
+
 def test_wandb_offline_gets_the_same_scalars_as_tensorboard(tmp_path, monkeypatch):
     """logging.wandb: the metrics rows' scalars go to a W&B run (offline here: files under run_dir/wandb)
     whose id is kept in run_dir/wandb_id, so a resumed run continues it."""

@@ -70,7 +70,18 @@ def test_progress_line_live_and_plain():
     assert live.getvalue().startswith("\r\x1b[2K")
 
 
-def test_plot_command_writes_png(tmp_path):
+def test_plot_command_writes_png(tmp_path, monkeypatch):
+    """The x-axis of every panel is the learner step: a metrics row is one learner step (a weight push),
+    `mini_batches × epochs` optimiser steps (PACS's preset takes 4 a row)."""
+    from matplotlib.figure import Figure
+
+    xlabels, savefig = [], Figure.savefig
+
+    def recording_savefig(fig, *args, **kwargs):
+        xlabels.extend(ax.get_xlabel() for ax in fig.axes)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
     for name, acc in (("a", 0.3), ("b", 0.6)):
         w = MetricsWriter(tmp_path / name, tensorboard=False)
         for s in range(1, 4):
@@ -79,6 +90,7 @@ def test_plot_command_writes_png(tmp_path):
     out = tmp_path / "curves.png"
     assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    assert xlabels == ["learner step"] * 3
     assert main(["plot", str(tmp_path / "missing")]) == 2
 
 

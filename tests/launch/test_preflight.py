@@ -65,15 +65,16 @@ def test_model_dir_problems(tmp_path):
     assert model(no_tok).endswith(") — save it there with tokenizer.save_pretrained(DIR)")
     plain = model_dir(tmp_path / "plain", chat_template=False)
     assert model(plain) == (f"model.path: the tokenizer in {plain} has no chat template (prompts are chat-formatted) "
-                            "— set tokenizer.chat_template and save it")
+                            "— give one with data.chat_template, or use data.prompt_format=raw for a base model")
 
 
 def test_data_file_problems(tmp_path):
     def data(**d):
         return problem(RunConfig(data={"task": "file", **d}))
 
-    assert data(path=str(tmp_path / "absent.jsonl")) == (f"data.path: no file {tmp_path}/absent.jsonl — pass a .jsonl "
-                                                         "or .parquet file")
+    assert data(path=str(tmp_path / "absent.jsonl")) == (f"data.path: no file {tmp_path}/absent.jsonl — pass a .jsonl, "
+                                                         ".json or .parquet file, or hf://NAME[:CONFIG] for a Hub "
+                                                         "dataset")
     broken = jsonl(tmp_path / "broken.jsonl", [{"problem": "Q", "answer": "1"}, "", {"problem": "Q"}])
     assert data(path=str(broken)).startswith(f"{broken}: line 3: field 'ground_truth' (column 'answer'): missing")
     small = jsonl(tmp_path / "small.jsonl", [{"problem": f"Q{i}", "answer": "1"} for i in range(5)])

@@ -39,17 +39,82 @@ def test_checkpoint_step_counts_committed_checkpoints_only(tmp_path):
     assert checkpoint_step(tmp_path / "missing") is None
 
 
-def test_an_existing_run_folder_is_refused_without_resume_or_force(tmp_path, capsys):
+def test_force_starts_a_run_folder_over(tmp_path):
     run = tmp_path / "r"
     make_run(run, 5)
-    assert main(["--algo", "grpo", "--output", str(run)]) == 2
-    err = capsys.readouterr().err
-    assert f"--output {run}: already holds a run (checkpoint at step 5) — continue it with --resume {run}, start " \
-           "it over with --force" in err
     check_new_run_dir(run, force=True)  # allowed; the contents go only when the run really starts
     clear_run_dir(run)
     assert run.is_dir() and not any(run.iterdir())
     check_new_run_dir(run, force=False)  # an empty folder is fine
+
+
+def test_the_same_command_again_continues_its_run(tmp_path, monkeypatch):
+    """A Slurm requeue re-runs the job's line: the run in --output goes on from its checkpoint, with a
+    one-line notice, as `--resume` would; a larger --steps trains longer."""
+    from launch.commands.train import resume_lines
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "r"
+    make_run(run, 5, steps=10, sets=("learner.lr=3e-5",))
+    line = ["--algo", "grpo", "--output", "r", "--steps", "10", "--set", "learner.lr=3e-5"]
+    _, cfg, plan = parse(line)
+    assert plan.rerun and plan.step == 5 and plan.changes == {} and not plan.finished
+    assert cfg.resume == str(run) and cfg.learner.lr == 3e-5 and [r.step for r in cfg.resumed] == [5]
+    assert resume_lines(plan, run) == [f"[resume] {run} holds this command's run (--force starts it over): "
+                                       "continuing it from step 5 to step 10: no changes"]
+    _, cfg, plan = parse([*line[:5], "20", *line[6:], "--actors", "2"])
+    assert plan.changes == {"rollout.num_actors": [1, 2], "learner.steps": [10, 20],
+                            "learner.lr_horizon_steps": [None, 20]}  # the cosine stretched, as --resume --steps
+    _, cfg, plan = parse([*line, "--force"])
+    assert plan is None and cfg.resume is None  # --force: a new run, over the old one
+
+
+def test_a_requeued_line_matches_the_config_the_cluster_decided(tmp_path, monkeypatch):
+    """config.yaml records what the cluster decided ("auto" -> float32, gloo, chunk sizes; KV cache null ->
+    1 GiB on CPU) and a fitted warm-up (3 optimiser steps for --steps 3): the same line again is the same
+    run, and a longer one keeps the run's warm-up."""
+    from launch.planning.resources import Node, resolve_auto
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "r"
+    make_run(run, 2, steps=3)
+    cpu = resolve_auto(resolve_saved(run / "config.yaml"), [Node("127.0.0.1", 2, 0, 24, {})])
+    (run / "config.yaml").write_text(dump_annotated(cpu) + "\n")
+    assert (cpu.model.dtype, cpu.weight_sync.backend, cpu.rollout.kv_cache_gib) == ("float32", "gloo", 1.0)
+    assert cpu.learner.warmup_steps == 3  # grpo.yaml's 10, fitted to 3 steps × 1 × 1
+    _, cfg, plan = parse(["--algo", "grpo", "--output", "r", "--steps", "3"])
+    assert plan.rerun and plan.changes == {} and cfg.model.dtype == "float32"
+    _, cfg, plan = parse(["--algo", "grpo", "--output", "r", "--steps", "5"])
+    assert plan.changes == {"learner.steps": [3, 5], "learner.lr_horizon_steps": [None, 5]}
+    assert cfg.learner.warmup_steps == 3
+
+
+def test_a_different_configuration_in_output_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "r"
+    make_run(run, 5, steps=10, sets=("learner.lr=3e-5",))
+    assert main(["--algo", "grpo", "--output", "r", "--steps", "10", "--set", "rollout.n=4"]) == 2
+    assert capsys.readouterr().err == (
+        "algo-train: --output r: holds a run of another configuration: rollout.n (run: 8, this command: 4); "
+        "learner.lr (run: 3.0e-05, this command: 0.0001) — continue that run as it is with --resume r, start it "
+        "over with --force (deletes its contents), or choose another --output\n")
+    with pytest.raises(ConfigError, match=r"another configuration: algo \(run: grpo, this command: pure\)"):
+        parse(["--algo", "pure", "--output", "r"])
+    with pytest.raises(ConfigError, match="model.cache_dir"):  # relative paths mean another folder elsewhere
+        monkeypatch.chdir(run)
+        parse(["--algo", "grpo", "--output", str(run), "--steps", "10", "--set", "learner.lr=3e-5"])
+
+
+def test_a_finished_run_run_again_says_so_and_one_without_checkpoint_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    make_run(tmp_path / "done", 10, steps=10)
+    assert main(["--algo", "grpo", "--output", "done", "--steps", "10"]) == 0
+    assert f"[done] {tmp_path / 'done'} is finished: step 10 of 10" in capsys.readouterr().out
+    make_run(tmp_path / "early", None)
+    with pytest.raises(ConfigError, match="--output early: holds a run that stopped before its first checkpoint, "
+                                          "so there is nothing to continue — start it over with --force"):
+        parse(["--algo", "grpo", "--output", "early", "--steps", "10"])
+    assert parse(["--algo", "grpo", "--output", "early", "--force"])[2] is None
 
 
 def test_force_never_deletes_a_folder_that_is_not_a_run(tmp_path):
@@ -178,6 +243,14 @@ def test_a_finished_run_says_so_without_starting_anything(tmp_path):
     assert parse(["--resume", str(run), "--steps", "10"])[2].finished
     with pytest.raises(ConfigError, match="learner.steps: the run in .* is at step 10 already — pass --steps larger"):
         parse(["--resume", str(run), "--steps", "8"])
+
+
+def test_the_fast_path_leaves_a_steps_key_under_any_accepted_name_to_the_full_planning():
+    from launch.cli import _sets_steps
+
+    # veRL's trainer.total_training_steps is read as learner.steps: the run is to go longer, not "finished"
+    assert _sets_steps("learner.steps=20") and _sets_steps("trainer.total_training_steps = 20")
+    assert not _sets_steps("learner.save_every=20") and not _sets_steps("max_steps=20")  # TRL's: refused later
 
 
 def test_the_fast_path_imports_no_training_stack(tmp_path):

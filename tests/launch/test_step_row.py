@@ -12,7 +12,8 @@ from launch.loop.metrics import StepTimes, merge_rows, step_row
 
 
 def _sample(reward: float, finish: str, tokens: int):
-    return SimpleNamespace(reward=reward, finish_reason=finish, tokens=np.zeros(tokens, np.int32))
+    return SimpleNamespace(reward=reward, finish_reason=finish, tokens=np.zeros(tokens, np.int32),
+                           truncated=finish == "length")
 
 
 def _group(*samples):
@@ -33,6 +34,9 @@ def test_a_step_row_by_hand():
         "accuracy/train": pytest.approx(2 / 3),  # generated rewards 1, 0, 1
         "throughput/samples_per_s": pytest.approx(4 / 3),  # 4 samples in 3 s
         "throughput/tokens_per_s": 6.0,  # 3 + 5 + 4 + 6 = 18 tokens in 3 s
+        "response/length_mean": 4.0,  # generated lengths 3, 5, 4 (the demonstration's 6 is not one): 12 / 3
+        "response/length_max": 5,
+        "response/clipped_frac": pytest.approx(1 / 3),  # the 5-token response stopped at the limit ("length")
         "time/generate_wait_s": 0.5, "time/train_s": 2.0, "time/weight_sync_s": 0.25, "time/wall_s": 10.0,
         "weight_sync/gbps": 2.5, "weight_sync/refused": 0, "weight_sync/push_s": 0.8, "weight_sync/bytes": 1000,
         "weight_sync/changed_frac": 0.5,
@@ -49,6 +53,7 @@ def test_a_step_without_a_settled_push_or_generated_samples():
     assert row["accuracy/train"] is None and row["throughput/tokens_per_s"] == 1.0
     assert (row["weight_sync/gbps"], row["weight_sync/push_s"], row["weight_sync/refused"]) == (None, None, 0)
     assert (row["buffer/filtered"], row["reward/errors"]) == (0, 0)
+    assert (row["response/length_mean"], row["response/length_max"], row["response/clipped_frac"]) == (None,) * 3
 
 
 def test_merging_refuses_a_key_two_writers_write():

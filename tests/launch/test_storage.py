@@ -23,7 +23,8 @@ from launch.state.storage import (
 
 def test_absolutize_makes_every_set_path_absolute_and_leaves_unset_ones(monkeypatch):
     monkeypatch.setenv("HOME", "/home/u")
-    cfg = resolve("luffy", flags={"model.path": "models/qwen", "data.path": "~/d/train.parquet",
+    # ("./models/qwen": a bare org/name that is no path here is a Hub id, `launch.prep.hub`)
+    cfg = resolve("luffy", flags={"model.path": "./models/qwen", "data.path": "~/d/train.parquet",
                                   "data.demos": "/shared/teacher.jsonl", "logging.output_dir": "runs/a/../b",
                                   "resume": "runs/old"})
     out = absolutize(cfg, "/work/here")
@@ -34,7 +35,7 @@ def test_absolutize_makes_every_set_path_absolute_and_leaves_unset_ones(monkeypa
     assert out.logging.output_dir == "/work/here/runs/a/../b"  # lexical: `..` kept, symlinks not resolved
     assert out.resume == "/work/here/runs/old"
     assert out.data.eval_path is None and out.pure.prm_path is None  # unset stays unset
-    assert cfg.model.path == "models/qwen"  # the input is not modified
+    assert cfg.model.path == "./models/qwen"  # the input is not modified
 
 
 def test_shared_paths_name_the_keys_the_user_set():

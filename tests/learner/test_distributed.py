@@ -43,7 +43,7 @@ def test_two_ranks_equal_one_rank_and_checkpoint_moves_between_sizes(tiny_dir, t
     assert two[1]["pg/clipfrac"] >= 0 and two[1]["pg/ppo_kl"] != 0  # the second mini-batch saw π_θ ≠ π_prox
     for m1, m2 in zip(one, two):
         for k in ("loss/total", "loss/pg", "optim/grad_norm", "prime/prm_loss", "prime/prm_grad_norm", "prime/q_mean",
-                  "prime/dpo_acc", "batch/response_tokens"):
+                  "prime/dpo_acc", "batch/response_tokens", "entropy"):
             assert m1[k] == pytest.approx(m2[k], rel=1e-5, abs=1e-7), k
     assert abs(two[1]["prime/q_mean"]) > 0  # step 2 scores with the PRM trained at step 1
     for k in w_one:

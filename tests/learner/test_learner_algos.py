@@ -17,7 +17,7 @@ ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft"]
 # (algo, config overrides): every algorithm with defaults, plus the PRIME reference/update variant
 CASES = [(a, {}) for a in ALGOS] + [("prime", {"prime": {"ref": "policy", "update": "double"}})]
 COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/learner_compute_s", "throughput/learner_tokens_per_s",
-               "staleness/mean", "staleness/max", "optim/steps", "reward/mean"}
+               "staleness/mean", "staleness/max", "optim/steps", "reward/mean", "entropy"}
 # every key of the driver's part of a row (`launch.loop.metrics.step_row`)
 DRIVER_KEYS = set(step_row([], StepTimes(0.0, 0.0, 0.0, since_last_s=1.0, wall_s=1.0), {}, {}, version=0,
                            actor_restarts=0, buffer_restarts=0, actor_reports=[]))

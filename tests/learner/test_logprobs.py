@@ -144,6 +144,32 @@ def test_ties_at_the_boundaries_are_kept():
     assert support_mask(z, 0.4, 0).tolist() == [[True, False, False, False]]
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_metric_only_entropy_is_detached_and_not_recomputed_in_backward(top_p, monkeypatch):
+    """Issue 32: the training forward always computes the entropy (the `entropy` metric); without a loss
+    term that needs it (`entropy_grad=False`) it is the same numbers, builds no graph, and the chunks'
+    checkpoint recompute stops before it: torch.softmax (the entropy's only call of it) runs once per
+    chunk, 3 chunks of 4 tokens → 3, where a differentiable entropy runs it again in backward → 6."""
+    torch.manual_seed(0)
+    hidden = torch.randn(12, 8, requires_grad=True)
+    head, targets = nn.Linear(8, 50), torch.randint(0, 50, (12,))
+    calls = []
+    softmax = torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(1) or softmax(*a, **k))
+    counts, ents, grads = {}, {}, {}
+    for entropy_grad in (True, False):
+        calls.clear()
+        lp, ent = chunked_token_logprobs(hidden, head, targets, top_p=top_p, chunk_tokens=4, with_entropy=True,
+                                         entropy_grad=entropy_grad)
+        assert ent.requires_grad == entropy_grad
+        lp.sum().backward()
+        counts[entropy_grad], ents[entropy_grad] = len(calls), ent.detach()
+        grads[entropy_grad], hidden.grad = hidden.grad, None
+    assert counts == {True: 6, False: 3}
+    torch.testing.assert_close(ents[False], ents[True], atol=0, rtol=0)
+    torch.testing.assert_close(grads[False], grads[True], atol=0, rtol=0)  # the log-probs' gradient is untouched
+
+
 @pytest.mark.parametrize("top_k", [0, -1, 4, 9])
 def test_no_truncation_is_the_plain_softmax_without_sorting(top_k, monkeypatch):
     """top_p = 1 with top-k off (0, -1, or k ≥ vocab 4, as vLLM): no mask, no sort, no top-k."""

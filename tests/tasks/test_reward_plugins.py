@@ -133,8 +133,8 @@ def test_default_reward_follows_the_task():
     ("{plugin}:missing", "reward.fn={plugin}:missing: {plugin} has no attribute 'missing'"),
     ("{plugin}:not_a_function", "reward.fn={plugin}:not_a_function: {plugin}:not_a_function is a int, not a "
                                 "function"),
-    ("{plugin}:two", "reward.fn={plugin}:two: its parameters (prompt, response) do not take the 4 arguments "
-                     "(prompt, response, ground_truth, extra)"),
+    ("{plugin}:two", "reward.fn={plugin}:two: its parameters (prompt, response) fit none of the accepted shapes "
+                     "— ours: fn(prompt, response, ground_truth, extra) -> float; veRL: "),
     ("{dir}/absent.py:f", "reward.fn={dir}/absent.py:f: no file {dir}/absent.py"),
     ("{dir}/broken.py:f", "reward.fn={dir}/broken.py:f: importing it raised ZeroDivisionError: division by zero"),
 ])

@@ -13,9 +13,20 @@ import torch
 import torch.distributed as dist
 
 from tests.weightsync.plain_procs import start_plain_receivers, stop
-from weightsync import WeightSender
+from weightsync import WeightSender, signing
 from weightsync.protocol import connect_store, group_handle, group_store, serve_store
-from weightsync.signing import ForgedValue, Forgeries, SignedStore, group_key, open_value, seal, sign
+from weightsync.signing import (
+    SEAL_INFO,
+    SEALED,
+    ForgedValue,
+    Forgeries,
+    SignedStore,
+    group_key,
+    open_value,
+    seal,
+    seal_key,
+    sign,
+)
 
 TOKEN = "d5" * 32
 KEY = group_key(TOKEN, "nonce-1")
@@ -38,7 +49,46 @@ def test_a_sealed_value_hides_its_content():
     assert b"c2VjcmV0LWlk" not in blob and b"4242" not in blob
     assert open_value(KEY, "group/x", "plane/1", blob) == secret
     assert open_value(KEY, "group/x", "plane/2", blob) is None
-    assert seal(KEY, "group/x", "plane/1", secret) != blob  # a fresh iv every time
+    assert seal(KEY, "group/x", "plane/1", secret) != blob  # a fresh nonce every time
+
+
+def test_a_sealed_value_is_aes_gcm_under_a_derived_key_with_its_name_as_associated_data():
+    """Issue 32 item 5: the seal is the standard AEAD, opened here with ``cryptography`` alone; the sealing
+    key is HKDF-SHA256(group key, SEAL_INFO), not the signing key; the AD is (ns, name), each field an
+    8-byte big-endian length then its bytes."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    secret = b'{"port": 4242}'
+    blob = seal(KEY, "group/x", "plane/1", secret)
+    assert blob.startswith(SEALED) and len(blob) == len(SEALED) + 12 + len(secret) + 16  # nonce, ct, GCM tag
+    aes_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=SEAL_INFO).derive(KEY)
+    assert seal_key(KEY) == aes_key != KEY
+    aad = (7).to_bytes(8, "big") + b"group/x" + (7).to_bytes(8, "big") + b"plane/1"
+    nonce, ct = blob[len(SEALED):len(SEALED) + 12], blob[len(SEALED) + 12:]
+    assert AESGCM(aes_key).decrypt(nonce, ct, aad) == secret
+    assert not hasattr(signing, "_keystream") and not hasattr(signing, "_xor")  # the home-made cipher is gone
+
+
+def _flip(blob: bytes, i: int) -> bytes:
+    return blob[:i] + bytes([blob[i] ^ 1]) + blob[i + 1:]
+
+
+def test_a_tampered_or_moved_sealed_value_is_refused():
+    secret = b'{"nccl_unique_id_b64": "c2VjcmV0LWlk"}'
+    blob = seal(KEY, "group/x", "plane/1", secret)
+    start = len(SEALED)
+    assert open_value(KEY, "group/x", "plane/1", _flip(blob, start)) is None  # nonce
+    assert open_value(KEY, "group/x", "plane/1", _flip(blob, start + 12)) is None  # ciphertext
+    assert open_value(KEY, "group/x", "plane/1", _flip(blob, len(blob) - 1)) is None  # GCM tag
+    assert open_value(KEY, "group/x", "plane/1", blob[:-1]) is None  # truncated
+    assert open_value(KEY, "group/x", "plane/1", blob[:start + 27]) is None  # shorter than nonce + tag
+    assert open_value(KEY, "group/x", "rank/1", blob) is None  # moved to another key name (the AD)
+    assert open_value(KEY, "group/y", "plane/1", blob) is None  # moved to another group (the AD)
+    assert open_value(group_key(TOKEN, "nonce-2"), "group/x", "plane/1", blob) is None  # another sender's key
+    old_format = b"ws1s:" + b"00" * 16 + b":" + b"0" * 64 + b":" + secret  # the retired cipher's layout
+    assert open_value(KEY, "group/x", "plane/1", old_format) is None
 
 
 @pytest.fixture
@@ -100,7 +150,7 @@ def test_a_gloo_group_rendezvous_over_the_signed_store(store):
     assert out == {0: 7.0, 1: 7.0}
     raw = connect_store("127.0.0.1", store.port, 30)
     gloo_keys = [k for k in raw.list_keys() if k.startswith("group/t/")]
-    assert gloo_keys and all(raw.get(k).startswith(b"ws1s:") for k in gloo_keys)  # sealed
+    assert gloo_keys and all(raw.get(k).startswith(SEALED) for k in gloo_keys)  # sealed
 
 
 def test_a_stranger_on_the_store_reads_no_secret_and_its_writes_are_not_acted_on():
