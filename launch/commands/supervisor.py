@@ -6,7 +6,8 @@ die before the driver could drain the actors, snapshot the buffer and write a ch
 `algo-train` process only supervises: the run (driver + everything it starts) lives in a new session,
 the supervisor forwards the first two SIGINT/SIGTERM to the driver alone (1st: graceful stop, 2nd:
 abort), a third kills the session, and once the driver has exited anything still alive in its session
-is killed — no process is left behind.
+is killed — no process is left behind. A run that was asked to stop ends as stopped (130) whatever else
+ended it, so a learner rank that dies during the stop does not restart it (`--max-restarts`).
 
 A dead learner rank ends the child with LEARNER_DIED and one line naming it in `death_note(run_dir)`; the
 launcher says it, with what the run does next, in one console line (`launch.commands.train`). What Ray prints in
@@ -70,7 +71,14 @@ def supervise(cfg: RunConfig, run_dir: Path) -> int:
             signal.signal(s, h)
         _kill_session(proc.pid)
         spec.unlink(missing_ok=True)
-    return 130 if rc in (-signal.SIGINT, 130) else rc
+    return run_status(rc, stop_asked=signals > 0)
+
+
+def run_status(rc: int, stop_asked: bool) -> int:
+    """The launcher's status of a run whose process exited `rc`: 130 (stopped) for a run asked to stop,
+    whatever else ended it (a learner rank that died during the stop must not get it restarted), and for
+    one ended by SIGINT; else `rc`."""
+    return 130 if (stop_asked and rc != 0) or rc in (-signal.SIGINT, 130) else rc
 
 
 def _kill_session(sid: int) -> None:

@@ -168,7 +168,7 @@ def after_run(status: int, run_dir: Path) -> str | None:
     if status in (0, 2):
         return None
     step = checkpoint_step(run_dir)
-    death = take_death_note(run_dir) if status == LEARNER_DIED else None
+    death = take_death_note(run_dir) if status in (LEARNER_DIED, 130) else None  # 130: died while stopping
     why = "stopped" if status == 130 else f"failed (exit status {status})"
     head = f"[learner] {death}; the run stopped" if death else f"[stop] the run {why}"
     if step is None:

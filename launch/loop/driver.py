@@ -55,7 +55,7 @@ from launch.state.recovery import Recovery
 from launch.state.run_checkpoints import RunCheckpoints
 from tasks.rewards import first_error
 
-PULL_POLL_S = 5.0  # how often a driver waiting for a batch checks actor health
+PULL_POLL_S = 5.0  # how often a driver waiting for a batch checks the learner ranks' and actors' health
 
 
 class Stop(Exception):
@@ -129,7 +129,8 @@ class Driver:
                 raise Stop
             try:
                 groups = self.recovery.call_on_live_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S))
-            except TimeoutError:
+            except TimeoutError:  # no batch yet: is everyone who could feed or take it alive?
+                self.graph.check_learner()
                 self.recovery.check_actors()
                 continue
             self.position.ledger.discard(self.client.last_pull["discarded"])  # settled by the buffer, not trained

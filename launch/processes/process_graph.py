@@ -176,6 +176,20 @@ class ProcessGraph:
                                   self.log_ref(f"learner-{r}", h)))
         return f"{' and '.join(dead)} died (process gone: {type(error).__name__})" if dead else ""
 
+    def check_learner(self, timeout_s: float = 60.0) -> None:
+        """Raise `LearnerDied` when a learner rank's process is gone or does not answer within `timeout_s`
+        (a rank answers `where` even while it trains: two calls at a time; a dead one fails at once, the
+        generous limit is for a loaded machine). For the driver's waits that call no rank themselves: a
+        wait for a batch would otherwise outlive the learner (a rank killed during a push leaves every
+        engine without a version, so no batch ever comes)."""
+        if self.serial:
+            return
+        try:
+            self._get([r.where.remote() for r in self.ranks], timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 - died, or wedged: either way it cannot train
+            raise LearnerDied(self._dead_ranks(e) or f"a learner rank did not answer within {timeout_s:.0f} s "
+                              f"({type(e).__name__})") from None
+
     def step(self, groups, version: int) -> dict:
         batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
         return self._on_ranks([r.step.remote(batch, version) for r in self.ranks])[0]

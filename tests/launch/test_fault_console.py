@@ -20,6 +20,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -49,8 +51,41 @@ class Rank:
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would: no last words
         return {"version": version}
 
+    def die_in(self, seconds: float) -> None:
+        threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
     def close(self) -> None:
         pass
+
+
+STARVED = "IMPALA_TEST_STARVED"  # set: the child's driver waits for a batch that never comes while rank 0 dies
+
+
+class StarvedBuffer:
+    """A buffer with nothing to give: every pull waits its whole timeout (as when every engine lost its
+    version with the learner rank that was pushing to it, so no actor starts a prompt)."""
+
+    def pull_batch(self, n: int, timeout_s: float):
+        time.sleep(timeout_s)
+        raise TimeoutError
+
+
+def starved_pull(graph, run_dir: Path) -> int:
+    """The driver's wait for a batch (`Driver._pull`, its real loop) while learner rank 0 dies 1 s in; the
+    seconds from the death to `LearnerDied` go to run_dir/acted_s."""
+    from launch.loop.driver import Driver
+
+    driver = Driver.__new__(Driver)  # what `_pull` uses, as `Driver(...)` sets it
+    driver.cfg, driver.graph, driver.demos, driver._stop_requested = graph.cfg, graph, None, False
+    driver.recovery = types.SimpleNamespace(call_on_live_buffer=lambda call: call(StarvedBuffer()),
+                                            check_actors=dict)
+    graph.ranks[0].die_in.remote(1.0)
+    died = time.monotonic() + 1.0
+    try:
+        driver._pull()
+        return 0
+    finally:
+        (run_dir / "acted_s").write_text(f"{time.monotonic() - died:.1f}")
 
 
 def learner_side(cfg, run_dir: Path, progress) -> int:
@@ -68,6 +103,8 @@ def learner_side(cfg, run_dir: Path, progress) -> int:
         "env_vars": {LOG_FILE_ENV: str(graph.log_file(f"learner-{r}"))}}).remote(r) for r in range(2)]
     try:
         graph.where()  # processes.json's look-up: the pid and host the message names
+        if os.environ.get(STARVED):
+            return starved_pull(graph, run_dir)
         graph.step([1, 2], 5)
         return 0
     finally:
@@ -108,6 +145,44 @@ def test_a_killed_learner_rank_is_one_console_line_naming_it_its_log_and_what_ha
     assert re.fullmatch(rf"\[learner\] {dead}; the run stopped; continue from step 6: algo-train --resume {re.escape(str(run))}",
                         line), line
     assert not death_note(run).exists()
+
+
+def test_a_learner_rank_killed_while_the_driver_waits_for_a_batch_stops_the_run_within_seconds(tmp_path):
+    # The chaos run of issue 33 (seed 3): rank 0 killed with a push on the wire, every engine left without a
+    # version, the buffer starved, and the driver waited in its pull for 6.5 minutes, looking only at the
+    # actors. Now each empty poll (PULL_POLL_S = 5 s) also asks the ranks: LearnerDied within one poll.
+    run = tmp_path / "r"
+    make_run(run, 6)
+    cfg = resolve("grpo", flags={"logging.progress": "plain"})
+    spec = tmp_path / "spec.json"
+    spec.write_text(cfg.model_dump_json())
+    env = {**os.environ, **quiet_env(cfg, starts_local_ray=True, environ=os.environ), STARVED: "1"}
+    child = subprocess.run([sys.executable, "-m", "tests.launch.test_fault_console", str(spec), str(run)],
+                           capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    assert child.returncode == LEARNER_DIED, child.stderr[-3000:]
+    assert re.match(r"learner rank 0 \(pid \d+ .*\) died \(process gone: \w+\)", death_note(run).read_text())
+    acted_s = float((run / "acted_s").read_text())
+    print(f"driver acted {acted_s:.1f} s after the rank's death")
+    assert acted_s <= 30, acted_s  # the issue's bound; one poll is 5 s
+
+
+def test_a_stop_asked_for_is_honoured_even_when_a_learner_rank_dies_during_it(tmp_path):
+    # The chaos run of issue 33: SIGTERM woke the starved driver, the rank's death then ended the run, and
+    # --max-restarts resumed it from step 60 and trained on. A stop asked for now ends the run as stopped.
+    from launch.commands.supervisor import run_status
+
+    assert run_status(LEARNER_DIED, stop_asked=False) == LEARNER_DIED  # no stop: --max-restarts may resume it
+    assert run_status(LEARNER_DIED, stop_asked=True) == 130
+    assert run_status(0, stop_asked=True) == 0 and run_status(-signal.SIGINT, stop_asked=False) == 130
+    run = tmp_path / "r"
+    make_run(run, 6)
+    death_note(run).write_text("learner rank 0 (pid 7 on vm; log x) died (process gone: ActorDiedError)\n")
+    restarts = []
+    cfg = resolve("grpo", flags={"max_restarts": 3}, overrides=["learner.save_every=2"])
+    assert restart_after_learner_deaths(130, cfg, run, lambda c, d: restarts.append(c) or 0, print) == 130
+    assert restarts == []
+    assert after_run(130, run) == ("[learner] learner rank 0 (pid 7 on vm; log x) died (process gone: "
+                                   f"ActorDiedError); the run stopped; continue from step 6: algo-train --resume {run}")
 
 
 def test_what_ray_prints_in_the_run_process_goes_to_the_log_and_ours_to_the_console():
