@@ -38,9 +38,23 @@ def did_you_mean(message: str, options: list[str]) -> str:
         return (" — did you mean " + ", ".join(f"{c} (for {f})" for f, c in pairs) + "?") if pairs else ""
     choice = INVALID_CHOICE.search(message)
     if choice:
+        variant = VARIANTS.get(re.sub(r"[^a-z]", "", choice.group(1).lower()))
+        if variant:
+            return f" — {choice.group(1)} is a variant here: {variant}"
         close = difflib.get_close_matches(choice.group(1).lower(), re.findall(r"'([^']*)'", choice.group(2)), n=1)
         return f" — did you mean {close[0]!r}?" if close else ""
     return ""
+
+
+# --algo names of the field that are options of ours (docs/algorithms.md; the keys' descriptions in --dry-run)
+VARIANTS = {
+    "drgrpo": "--algo grpo --set grpo.use_std=false --set loss.agg=seq-mean-token-sum-norm",
+    "dapo": "--algo grpo --set loss.clip_high=0.28 --set buffer.filter=extreme --set loss.overlong_filter=true "
+            "(or the soft punishment: --set loss.overlong_cache_tokens=N)",
+    "gspo": "--algo grpo --set loss.ratio_level=sequence --set loss.agg=seq-mean-token-mean "
+            "(the paper's clip ranges: --set loss.clip_low=3e-4 --set loss.clip_high=4e-4)",
+    "ppo": "no value model here: the closest is --algo grpo (group baseline) or --algo rloo",
+}
 
 
 def algorithms_text() -> str:

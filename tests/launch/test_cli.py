@@ -135,3 +135,19 @@ def test_push_uploads_the_final_export_to_a_private_repo(tmp_path, monkeypatch):
     assert calls[-1] == ("create_repo", "me/tiny", {"private": False, "exist_ok": True, "repo_type": "model"})
     assert said[-1] == (f"[hub] pushing {export} to me/tiny failed (PermissionError: 403 Forbidden) — the export is "
                         f"intact; upload it with: hf upload me/tiny {export}")
+
+
+def test_an_algorithm_of_the_field_that_is_an_option_here_is_answered_with_its_settings():
+    import re
+
+    from configs.loading import resolve
+    from launch.commands.run_flags import VARIANTS, did_you_mean
+
+    said = did_you_mean("argument --algo: invalid choice: 'DAPO' (choose from 'grpo', 'rloo')", ["--algo"])
+    assert said.startswith(" — DAPO is a variant here: --algo grpo --set loss.clip_high=0.28"), said
+    assert did_you_mean("argument --algo: invalid choice: 'Dr.GRPO' (choose from 'grpo')", []).startswith(
+        " — Dr.GRPO is a variant here: --algo grpo --set grpo.use_std=false")
+    for hint in VARIANTS.values():  # every setting named resolves as a config of the algorithm named
+        algo = re.match(r"--algo (\w+)", hint)
+        if algo:
+            resolve(algo.group(1), overrides=re.findall(r"--set ([^\s)]+)", hint.replace("=N", "=64")))
