@@ -322,8 +322,9 @@ class LoggingConfig(Section):
     progress: Literal["auto", "bar", "plain"] = Field("auto", description="live line on a TTY, log lines otherwise")
     log_every: int = Field(1, ge=1, description="steps between metric lines")
     samples_every: int = Field(
-        10, ge=0, description="every this many steps, write a few trained samples (prompt, response, reward, "
-                              "weight version) to samples.jsonl and TensorBoard text; 0 = never")
+        10, ge=0, description="every this many steps, at step 1 and at any step whose samples all scored 0, "
+                              "write a few trained samples (prompt, response, reward, weight version) to "
+                              "samples.jsonl and TensorBoard text; 0 = never")
     samples_per_step: int = Field(2, ge=1, description="samples written each time (from different groups)")
     verbose: bool = Field(False, description="show other programs' warnings, log lines and progress bars (Ray, "
                                              "vLLM, transformers) in the console; --verbose")

@@ -1,5 +1,7 @@
-"""What the model generates: a few trained samples every `logging.samples_every` steps, decoded, in
-`samples.jsonl` (one JSON object per sample) and as TensorBoard text.
+"""What the model generates: a few trained samples every `logging.samples_every` steps, at step 1, and
+at every step whose generated samples all scored 0 (what to read when a run learns nothing: a reward
+that never fires, a format the model never hits), decoded, in `samples.jsonl` (one JSON object per
+sample) and as TensorBoard text. `logging.samples_every: 0` writes none.
 
 Which samples: `logging.samples_per_step` groups spread evenly over the step's batch (positions
 ⌊k·G/m⌋ for k = 0..m−1 of G groups), and within the k-th of them the generated sample with the highest
@@ -31,6 +33,12 @@ def pick(groups: list[Group], m: int) -> list[tuple[Group, Sample]]:
         gen = [s for s in g.samples if s.finish_reason != "demo"]
         chosen.append((g, max(gen, key=lambda s: s.reward) if k % 2 == 0 else min(gen, key=lambda s: s.reward)))
     return chosen
+
+
+def all_zero(groups: list[Group]) -> bool:
+    """Whether the step's generated samples (demonstrations aside) all scored 0; False when it has none."""
+    rewards = [s.reward for g in groups for s in g.samples if s.finish_reason != "demo"]
+    return bool(rewards) and not any(rewards)
 
 
 def record(step: int, group: Group, sample: Sample, decode) -> dict[str, Any]:
@@ -87,8 +95,8 @@ class SampleLog:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def write(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
-        """The records written for `step` ([] when it is not a sampled step)."""
-        if not self.every or step % self.every:
+        """The records written for `step` ([] when it is not a sampled step: module docstring)."""
+        if not self.every or (step % self.every and step != 1 and not all_zero(groups)):
             return []
         records = [record(step, g, s, self._decode) for g, s in pick(groups, self.per_step)]
         if records:

@@ -116,12 +116,15 @@ def test_a_sample_record_and_the_log_every_n_steps(tmp_path):
     log = SampleLog(tmp_path, every=2, per_step=1, model_dir="unused", text_sink=lambda *a: texts.append(a))
     log._decode = decode  # no tokenizer needed here
     batch = [group(0, [sample(0.5, [1, 2], [0, 0])])]
-    assert log.write(1, batch) == []  # not a sampled step
-    assert [r["step"] for r in log.write(2, batch) + log.write(4, batch)] == [2, 4]
-    assert [t[0] for t in texts] == ["samples", "samples"] and texts[1][2] == 4
+    failed = [group(1, [sample(0.0, [3], [0]), sample(0.0, [4], [0])])]  # every generated sample scored 0
+    assert log.write(3, batch) == []  # not a sampled step
+    assert [r["step"] for r in log.write(1, batch) + log.write(2, batch) + log.write(4, batch)] == [1, 2, 4]
+    assert [r["step"] for r in log.write(5, failed)] == [5]  # all 0: shown whatever the cadence
+    assert [t[0] for t in texts] == ["samples"] * 4 and texts[2][2] == 4
     again = SampleLog(tmp_path, every=2, per_step=1, model_dir="unused", from_step=3)  # resumed at step 3
     assert again.path == tmp_path / "samples.jsonl"
-    assert [json.loads(line)["step"] for line in again.path.read_text().splitlines()] == [2]
+    assert [json.loads(line)["step"] for line in again.path.read_text().splitlines()] == [1, 2]
+    assert SampleLog(tmp_path, every=0, per_step=1, model_dir="unused").write(1, failed) == []  # 0 = never
 
 
 def test_pass_at_k_unbiased_estimator():
