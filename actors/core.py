@@ -14,7 +14,8 @@ behind it. When the actor loads newer weights meanwhile it restates the request,
 says the actor is too far behind (more than K versions) makes it wait, for its next weight update.
 
 Why `prompts_in_flight` prompts at once: the engine batches all running requests, so several groups
-in flight keep it busy while one group is being scored or pushed.
+in flight keep it busy while one group is being scored or pushed. `auto` is sized once the engine is up,
+from the KV tokens it reports and the actor's share of the credit (`actors.occupancy`, `configs.concurrency`).
 
 Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> load -> resume, on this
 actor's engine, while its requests stay in flight). Per-token versions come from the engine itself
@@ -31,6 +32,7 @@ import contextlib
 import logging
 import os
 import random
+import sys
 import time
 import uuid
 from collections import deque
@@ -42,6 +44,7 @@ from actors.engine import EngineSpec, build_engine, shutdown_engine
 from actors.generate import GroupSampler, SamplingSettings
 from actors.link import Backoff, BufferDown, BufferLink, ClientFactory, Outbox
 from actors.luffy import plain_group_plan, plan_group
+from actors.occupancy import InFlight, sized, start_line
 from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
 from actors.rows import NoVersionError
 from actors.weights import WeightUpdates
@@ -96,6 +99,8 @@ class AsyncActor(WeightUpdates):
         self.times = {"credit_wait_s": 0.0, "generate_s": 0.0, "weight_update_s": 0.0, "weight_pause_s": 0.0,
                       "no_version_s": 0.0}
         self._t_start = None
+        self.load = None  # the engine's concurrency (`actors.occupancy.sized`), known once start() has it
+        self.in_flight = InFlight()  # sequences in flight: prompts × rollout.n
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, engine=None) -> None:
@@ -120,6 +125,10 @@ class AsyncActor(WeightUpdates):
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
+        self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)
+        self.in_flight = InFlight()  # averaged from when the engine can take work
+        if not self.spec.cpu:  # what prompts_in_flight chose, and whether the credit leaves the engine idle
+            print(start_line(self.name, self.load), file=sys.stderr, flush=True)
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
@@ -163,7 +172,9 @@ class AsyncActor(WeightUpdates):
             raise RuntimeError(f"{self.name}: call start() before run()")
         self._stop.clear()
         self._t_start = self._t_start or time.monotonic()
-        width = self.cfg.rollout.prompts_in_flight
+        if self.load is None:  # a subclass's start() that brings no engine (bench/scale.py's timer actors)
+            self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)
+        width = self.load.prompts
         backoff = Backoff(0.05, 1.0)
         stop_waiter = asyncio.create_task(self._stop.wait())
         try:
@@ -276,8 +287,13 @@ class AsyncActor(WeightUpdates):
     def _spawn(self, item: PromptItem, epoch: int = 0) -> None:
         task = asyncio.create_task(self._rollout(item, epoch), name=f"{self.name}-p{item.prompt_index}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+        self.in_flight.set(len(self._tasks) * self.cfg.rollout.n)
         self.counts["groups_started"] += 1
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self.in_flight.set(len(self._tasks) * self.cfg.rollout.n)
 
     async def _rollout(self, item: PromptItem, epoch: int = 0) -> None:
         t0 = time.monotonic()
@@ -355,6 +371,8 @@ class AsyncActor(WeightUpdates):
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
                 **(self.sampler.reward_stats() if self.sampler else {}),  # reward_errors, reward_timeouts
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
+                "prompts_in_flight": self.load.prompts if self.load else None, "seqs_in_flight": self.in_flight.mean(),
+                "seq_capacity": self.load.capacity if self.load else None,
                 "serves_a_version": self.serves_a_version,
                 "credits_held": self._credits, **delivery,
                 "reconnects": self.link.reconnects + self.credit_link.reconnects,

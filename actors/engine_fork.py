@@ -33,7 +33,7 @@ in ``ps``).
 
 The way back: ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in the environment keeps vLLM's spawn (for a platform
 whose OpenMP or a vLLM release that does not survive the fork). Deviation from vLLM: while an engine starts,
-`vllm.v1.engine.utils.get_mp_context` (vLLM 0.32, the release `launch.doctor.versions` checks) answers with the
+`vllm.v1.engine.utils.get_mp_context` (vLLM 0.32, the release `launch.planning.versions` checks) answers with the
 fork context below.
 """
 

@@ -3,8 +3,9 @@ overrides, then validate.
 
 Layering: `--algo NAME` starts from configs/NAME.yaml; `--config FILE` is laid over the YAML of the
 algorithm it names (its `algo:` key, or `--algo`, which wins), so a file holding only the keys it
-changes keeps the algorithm's tuned values for the rest. A run folder's config.yaml (`resolve_saved`)
-is complete and is read as it is.
+changes keeps the algorithm's tuned values for the rest. A user's model (model.path set) gets real-model
+values between the algorithm's YAML and the user's keys (`configs.presets`). A run folder's config.yaml
+(`resolve_saved`) is complete and is read as it is.
 
 Keys as veRL or TRL spell them are read as ours where they mean the same (`configs.aliases`: each
 said once on stderr), in a `--config` file and in `--set`; the others stay unknown, and the error names
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from configs import aliases
 from configs.algo_sections import SECTIONS
+from configs.presets import fit_model
 from configs.schema import LearnerConfig, RunConfig
 
 
@@ -268,9 +270,10 @@ def resolve(algo: str | None = None, config_file: str | None = None, flags: dict
     data = base_data(algo, config_file, user)
     if algo is not None:
         data["algo"] = algo
-    given = _user_keys(user, flags, overrides)
+    given = user_keys(user, flags, overrides)
     apply_flags(data, flags, overrides)
     _refuse_other_algorithms(given, data.get("algo"))
+    fit_model(data, given)
     for notice in fit_warmup(data, given):
         print(f"algo-train: {notice}", file=sys.stderr)
     return validate(data)
@@ -281,7 +284,7 @@ def read_user(config_file: str) -> dict[str, Any]:
     return _read_aliases(read_yaml(config_file), config_file)
 
 
-def _user_keys(user: dict[str, Any], flags: dict[str, Any] | None, overrides: list[str] | None) -> set[str]:
+def user_keys(user: dict[str, Any], flags: dict[str, Any] | None, overrides: list[str] | None) -> set[str]:
     """The dotted keys the user gave (in the --config mapping `user`, a dedicated flag or --set), not the
     algorithm's YAML."""
     def walk(node: dict[str, Any], prefix: str) -> None:

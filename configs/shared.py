@@ -85,8 +85,9 @@ class RolloutEngineConfig(Section):
                                       "fraction of one GPU's memory; null = 0.85 on GPUs (room for the weight-push "
                                       "transients), unless rollout.kv_cache_gib is set. Ignored on CPU")
     max_num_seqs: int | None = Field(
-        None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default. "
-                                "An actor keeps rollout.prompts_in_flight × rollout.n samples in flight")
+        None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default, "
+                                "128 for this project's AsyncLLM engines (vLLM 0.32). An actor keeps "
+                                "rollout.prompts_in_flight × rollout.n samples in flight")
     enforce_eager: bool | None = Field(
         None, description="no torch.compile / CUDA graphs (vLLM enforce_eager); null = true on CPU (compiling takes "
                           "minutes and gains little for small models), false on GPUs")
@@ -108,7 +109,12 @@ class RolloutConfig(Section):
         128, gt=0, description="response limit per sample, tokens: generation is cut there (the sample counts as "
                                "truncated and is scored as cut; see loss.overlong_*). 128 suits the synthetic task; "
                                "step-by-step maths needs 1000s")
-    prompts_in_flight: int = Field(8, ge=1, description="prompts each actor generates concurrently")
+    prompts_in_flight: int | Literal["auto"] = Field(
+        8, description="prompts each actor generates concurrently (rollout.n sequences each in its engine); auto = "
+                       "on GPUs as many as the engine's KV cache holds at full length (data.max_prompt_tokens + "
+                       "rollout.max_response_tokens per sequence, at most rollout.engine.max_num_seqs), capped by "
+                       "the actor's share of the staleness credit; 16 on CPU (configs.concurrency; each actor "
+                       "prints what it chose, metrics actors/seqs_in_flight and actors/seq_capacity)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPU cores reserved per actor (Ray resources)")
     gpus_per_actor: AutoCount = Field(
         "auto", description="GPUs per actor (Ray resources): auto = rollout.engine.tensor_parallel_size when the "
@@ -132,6 +138,14 @@ class RolloutConfig(Section):
                            "batches, more at GPU batch sizes")
     engine: RolloutEngineConfig = Field(RolloutEngineConfig(), description="vLLM engine settings of every actor")
     eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
+
+    @field_validator("prompts_in_flight", mode="before")
+    @classmethod
+    def _auto_or_prompts(cls, v):
+        """One message for any value that is neither auto nor a whole number ≥ 1 (not one per union member)."""
+        if v == "auto" or isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+        raise ValueError(f"expects 'auto' or a whole number of prompts ≥ 1, got {v!r}")
 
     def resolved_kv_cache_gib(self, gpu: bool) -> float | None:
         """`kv_cache_gib` for an engine: on CPU 1 GiB when null; on GPUs null stays null (the cache then

@@ -22,10 +22,13 @@ training stack (well under a second); so does `--help`, which imports neither to
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from pathlib import Path
 
-from configs.loading import ConfigError, dump_annotated, resolve
+from configs.loading import ConfigError, dump_annotated, read_user, resolve, user_keys
+from configs.presets import built_in, describe
 from launch.commands.run_flags import Parser, add_run_flags, algorithms_text, flags_from_args
 
 EXAMPLES = """
@@ -64,7 +67,7 @@ def version_text() -> str:
     import platform
     from importlib import metadata
 
-    from launch.doctor.versions import installed_vllm
+    from launch.planning.versions import installed_vllm
 
     def version(dist: str) -> str:
         try:
@@ -149,6 +152,14 @@ def run_config(args: argparse.Namespace):
     return resolve(args.algo, args.config, flags, args.overrides), None
 
 
+def given_keys(args: argparse.Namespace) -> set[str]:
+    """The dotted keys a training command gives (its --config file, flags and --set), as `resolve` read them
+    (the notices of veRL/TRL names it said are not said again)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        user = read_user(args.config) if args.config else {}
+    return user_keys(user, flags_from_args(args), args.overrides)
+
+
 def _sets_steps(assignment: str) -> bool:
     """Whether a `--set KEY=VALUE` sets learner.steps, under our name or a veRL/TRL name read as it."""
     from configs.aliases import accepted
@@ -193,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"algo-train: {e}", file=sys.stderr)
         return 2
+    said = None if plan is not None else describe(cfg, given_keys(args))
     if args.dry_run:
+        if said:  # which preset set applied, and why (configs.presets)
+            print(said, file=sys.stderr)
         print(dump_annotated(cfg))
         return 0
     if plan is not None and plan.finished:
@@ -203,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from launch.commands.train import train
 
-    return train(cfg, force=args.force, resume=plan, push_to=args.push_to_hub, public=args.hub_public)
+    return train(cfg, force=args.force, resume=plan, push_to=args.push_to_hub, public=args.hub_public,
+                 presets=None if said is None or built_in(cfg.model.path, cfg.model.cache_dir) else said)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Why:
   are gathered for the whole forward, which covers the chunked log-prob head (`learner.logprobs`).
 - bf16 training keeps fp32 master weights and optimiser state; `MixedPrecisionPolicy` casts the
   gathered parameters to bf16 for compute and reduces gradients in fp32. Frozen models (reference,
-  scorers) are simply loaded in the compute dtype.
+  scorers) are simply loaded in the compute dtype, and sharded the same way (`shard_frozen` for PURE's PRM).
 - Loading never holds a full copy of the model per rank: the model is built on the meta device from
   its config, sharded, materialised (each rank allocates only its shards), and each rank reads only
   its own rows of every tensor from the safetensors files (`load_local_weights`, one tensor open at a
@@ -220,6 +220,15 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
         for p in scorer.parameters():
             p.requires_grad_(False)
     return scorer
+
+
+def shard_frozen(module: nn.Module, mesh: DeviceMesh) -> None:
+    """FSDP2-shard a frozen model (PURE's PRM) over `mesh` as `build_scorer` shards the reference: each
+    decoder block a unit of its own (gathered just before it runs, freed after), the rest (embedding,
+    final norm, head) the root unit; parameters stay in their dtype (no mixed precision: nothing trains)."""
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
 
 
 def make_mesh(device: torch.device, world_size: int) -> DeviceMesh:

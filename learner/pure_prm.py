@@ -9,8 +9,11 @@ the final token, which always ends a step); `step_spans` are (start, end) charac
   - `HFTokenClassificationPRM`: an `AutoModelForTokenClassification` with 2 labels scored PURE-style
     (REFERENCE_NOTES §3.1–3.2): input = prompt, then every step without its end separator followed by
     one "\\n" token; p_k = softmax[1] − softmax[0] of the logits at step k's "\\n". It scores many
-    responses per forward (`score_batch`: `batch_rows` rows, length-sorted, right-padded) in the run's
-    compute dtype (`model.dtype`: bf16 on a GPU).
+    responses per forward (`score_batch`: length-sorted, right-padded, at most `batch_rows` rows and
+    `batch_tokens` tokens counted as rows × the longest row, the rule of the policy's padded
+    micro-batches and its budget, `learner.micro_batch_tokens`: a forward of 32 rows of 4 k tokens
+    would hold ~15 GB of a 7B PRM's MLP transients) in the run's compute dtype (`model.dtype`: bf16 on
+    a GPU).
     Deviation from the reference, which works on the policy's token ids: this interface is text, so
     the PRM tokenizes the prompt and each step itself (any PRM tokenizer works), and a step's removed
     end is the "\\n\\n" separator text rather than the step's last token (the final eos is not text,
@@ -19,12 +22,14 @@ The provider decodes every response token by token, splits steps with `algos.pur
 (a step ends where its text first ends with "\\n\\n", plus the final token), scores them, and writes
 extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere).
 Each rank scores only its own rows (`ProviderContext.local`, once per learner step, all of them in
-one `score_responses` call); the learner all-gathers the outputs. Every rank holds a whole copy of
-the PRM (it is not sharded) on its device: the PRM is built on the meta device and its weights are read
-from the safetensors files one tensor at a time straight into device memory (`load_prm`), so a rank's
-host RAM holds at most one tensor of it (a 7B PRM's embedding, ~1 GB in bf16), not the whole model;
-only a directory without safetensors weights falls back to `from_pretrained` (whole on the host, then
-moved).
+one `score_responses` call); the learner all-gathers the outputs. The PRM is sharded over the ranks
+with FSDP2 like the reference model when the learner shards (world > 1; `learner.fsdp.shard_frozen`: a
+7B PRM takes 1/8 of its 15.2 GB per rank on 8 ranks, plus its embedding while it runs, instead of a whole
+copy): its forwards are then collectives, so every rank runs as many as the busiest one (a rank with
+fewer rows adds one-token forwards). It is built on the meta device and each rank reads its own rows of
+each tensor from the safetensors files straight into device memory (`load_prm`), so a rank's host RAM
+holds at most one tensor of it (a 7B PRM's embedding, ~1 GB in bf16); only a directory without
+safetensors weights falls back to `from_pretrained` (whole on the host, then moved and sharded).
 """
 
 from __future__ import annotations
@@ -55,26 +60,46 @@ class RuleStepChecker:
 
 
 def load_prm(path: str | Path, device: torch.device, dtype: torch.dtype, auto_class,
-             trust_remote_code: bool = False) -> torch.nn.Module:
+             trust_remote_code: bool = False, mesh=None) -> torch.nn.Module:
     """The PRM of `path` on `device` in `dtype` without a whole copy in host RAM (module doc): built on the
-    meta device from its config, materialised on `device`, filled tensor by tensor from the safetensors
-    files (`learner.fsdp.load_local_weights`). A directory without safetensors weights, or whose tensor
-    names do not match the model's, is loaded whole by `from_pretrained` and moved."""
+    meta device from its config, sharded over `mesh` (None: whole), materialised on `device`, filled tensor
+    by tensor from the safetensors files (`learner.fsdp.load_local_weights`: each rank its own rows). A
+    directory without safetensors weights, or whose tensor names do not match the model's, is loaded
+    whole by `from_pretrained`, moved and sharded."""
     from transformers import AutoConfig
 
-    from learner.fsdp import disable_dropout, init_buffers, load_local_weights
+    from learner.fsdp import disable_dropout, init_buffers, load_local_weights, shard_frozen
 
     try:
         with torch.device("meta"):
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
             model = auto_class.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        if mesh is not None:
+            shard_frozen(model, mesh)
         model.to_empty(device=device)
         init_buffers(model)
         load_local_weights(model, path)
     except (FileNotFoundError, KeyError, ValueError):
         model = auto_class.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+        if mesh is not None:
+            shard_frozen(model, mesh)
     disable_dropout(model)
+    model.requires_grad_(False)
     return model
+
+
+def token_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None) -> list[list[int]]:
+    """Positions of ascending `lengths` in consecutive batches of at most `max_rows` rows and, padded to
+    their longest row, at most `max_tokens` tokens (rows × longest; None: no cap); a row over the budget
+    on its own forms a batch alone."""
+    batches: list[list[int]] = []
+    for k, n in enumerate(lengths):
+        last = batches[-1] if batches else None
+        if last is not None and len(last) < max_rows and (max_tokens is None or (len(last) + 1) * n <= max_tokens):
+            last.append(k)
+        else:
+            batches.append([k])
+    return batches
 
 
 class HFTokenClassificationPRM:
@@ -82,12 +107,15 @@ class HFTokenClassificationPRM:
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  step_tag: str = "\n", separator: str = SEPARATOR, batch_rows: int = 16,
-                 trust_remote_code: bool = False):
+                 batch_tokens: int | None = None, mesh=None, trust_remote_code: bool = False):
+        """batch_rows, batch_tokens: the limits of one forward (`token_batches`); mesh: the learner's device
+        mesh to shard the PRM over (FSDP2; every rank of it must call `score_batch` together), None: whole."""
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         self.model = load_prm(path, torch.device(device), dtype, AutoModelForTokenClassification,
-                              trust_remote_code).eval()
+                              trust_remote_code, mesh).eval()
+        self.sharded = mesh is not None
         if self.model.config.num_labels != 2:
             raise ValueError(f"{path}: a PURE PRM needs 2 labels, the model has {self.model.config.num_labels}")
         tag = self.tokenizer(step_tag, add_special_tokens=False)["input_ids"]
@@ -96,7 +124,7 @@ class HFTokenClassificationPRM:
         self.tag_id = tag[0]
         self.separator = separator
         self.device = torch.device(device)
-        self.batch_rows = int(batch_rows)
+        self.batch_rows, self.batch_tokens = int(batch_rows), batch_tokens
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
 
@@ -120,17 +148,29 @@ class HFTokenClassificationPRM:
 
     @torch.no_grad()
     def score_batch(self, items: Sequence[tuple[str, str, Sequence[tuple[int, int]]]]) -> list[list[float]]:
-        """`score_steps` of many (prompt, response, step spans) items, `batch_rows` rows per forward.
+        """`score_steps` of many (prompt, response, step spans) items, in forwards of at most `batch_rows`
+        rows and `batch_tokens` tokens (`token_batches`).
 
         Rows are sorted by length (less padding) and right-padded with an attention mask: a real
         token never attends to padding, so a row's scores are those of its forward alone up to the
-        rounding of another kernel shape (tests/learner/test_pure_prm.py bounds it).
+        rounding of another kernel shape (tests/learner/test_pure_prm.py bounds it). Sharded, every
+        rank runs as many forwards as the rank with the most (one-token forwards for the rest), since
+        each one gathers the parameters from all ranks; then the root unit is resharded.
         """
         encoded = [self.encode(*item) if item[2] else ([], []) for item in items]
         out: list[list[float]] = [[] for _ in items]
         order = sorted((i for i, (_, tags) in enumerate(encoded) if tags), key=lambda i: len(encoded[i][0]))
-        for start in range(0, len(order), self.batch_rows):
-            chunk = order[start:start + self.batch_rows]
+        batches: list[list[int] | None] = [
+            [order[k] for k in b]
+            for b in token_batches([len(encoded[i][0]) for i in order], self.batch_rows, self.batch_tokens)]
+        if self.sharded:
+            from learner.distributed import all_reduce_extremes
+
+            batches += [None] * (all_reduce_extremes(len(batches))[1] - len(batches))
+        for chunk in batches:
+            if chunk is None:  # this rank's share of another rank's forward
+                self.model(input_ids=torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device))
+                continue
             width = max(len(encoded[i][0]) for i in chunk)
             ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros_like(ids)
@@ -141,20 +181,26 @@ class HFTokenClassificationPRM:
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             for r, i in enumerate(chunk):
                 out[i] = scores_from_logits(logits[r, encoded[i][1]]).tolist()
+        if self.sharded:
+            from learner.fsdp import ensure_sharded
+
+            ensure_sharded(self.model)
         return out
 
 
-def make_prm(cfg, device: torch.device, dtype: torch.dtype = torch.float32) -> ProcessRewardModel:
+def make_prm(cfg, device: torch.device, dtype: torch.dtype = torch.float32, mesh=None) -> ProcessRewardModel:
     """The PRM named by cfg.pure.prm: "rule", "hf" with cfg.pure.prm_path (loaded in `dtype` on `device`,
-    scoring `learner.micro_batch_samples` rows per forward; the config guarantees the path,
-    `algos.pure.options.pure_problems`), or a step-scoring function."""
+    sharded over `mesh` when given, scoring at most `learner.micro_batch_samples` rows and
+    `learner.micro_batch_tokens` (resolved for `device`) tokens per forward; the config guarantees the
+    path, `algos.pure.options.pure_problems`), or a step-scoring function."""
     pc = cfg.pure
     if pc.prm == "rule":
         return RuleStepChecker()
     if pc.prm == "hf":
-        return HFTokenClassificationPRM(pc.prm_path, device=device, dtype=dtype,
-                                        batch_rows=cfg.learner.micro_batch_samples,
-                                        trust_remote_code=cfg.model.trust_remote_code)
+        lc = cfg.learner
+        return HFTokenClassificationPRM(pc.prm_path, device=device, dtype=dtype, batch_rows=lc.micro_batch_samples,
+                                        batch_tokens=lc.resolved_micro_batch_tokens(device.type == "cuda"),
+                                        mesh=mesh, trust_remote_code=cfg.model.trust_remote_code)
     return FunctionStepScorer(pc.prm)
 
 
@@ -264,7 +310,9 @@ class ProcessRewards(Provider):
 
     def __init__(self, host: ModelHost):
         self.tokenizer = host.tokenizer
-        self.prm = make_prm(host.cfg, host.device, host.compute_dtype)
+        # sharded over the ranks like the reference when the learner shards (a Learner's `fsdp`, `mesh`)
+        mesh = host.mesh if getattr(host, "fsdp", False) else None
+        self.prm = make_prm(host.cfg, host.device, host.compute_dtype, mesh)
         self._metrics: dict[str, float] = {}
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:

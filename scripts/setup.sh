@@ -44,7 +44,7 @@ bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.
 if bad and os.environ["IMPALA_EXTRA"] == "cpu":
     sys.exit(f"[setup] conflicting packages still installed: {bad}")
 import torch, transformers  # noqa: F401  (import check: fails loudly on a broken environment)
-from launch.doctor.versions import vllm_problem
+from launch.planning.versions import vllm_problem
 if (problem := vllm_problem()):
     sys.exit(f"[setup] {problem}")
 print(f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")

@@ -15,14 +15,16 @@ with nothing changed are left out. A push is dense instead in mode "full", on pu
 1 + 2K, ... of a sender (K = ``full_every``; push 1 covers actor restarts: every restart makes a new
 sender, and nothing is known about what a new receiver holds), and when the set of names, shapes or
 dtypes changed, and when the delta would not be smaller than the dense push (``DeltaEncoder``:
-over about a third of the bf16 elements changed on NCCL, a half on gloo). The receivers apply patches to their copy of the last dense push (``apply_patch``;
-the gloo engine's mirror) or in place (vLLM's sparse NCCL engine).
+over about a third of the bf16 elements changed on NCCL, a half on gloo). The receivers apply
+patches to their copy of the last dense push (``apply_patch``; the gloo engine's mirror) or in place
+(vLLM's sparse NCCL engine, in chunks: ``weightsync.nccl.engine.sparse_update_infos``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import torch
 
@@ -87,9 +89,12 @@ class DeltaEncoder:
     (``int32_patch_nbytes``), so with s = 2 (bf16) a delta of more than 2 / 6 = 1/3 of the elements is
     larger than the 2 B per element of a dense push (1/2 for fp32: 4 / 8); the gloo plane sends 2 + s
     bytes plus an int32 count per 65536-element block (``weightsync.packing``), so bf16 breaks even at
-    (2 - 4/65536) / 4, just under 1/2 (fp32: 2/3). Past that point a delta costs more bytes, and on
-    vLLM's sparse receiver far more memory (every patch is allocated before any is applied, then a
-    full-shape tensor per patch), so early steps or a large learning rate fall back to dense."""
+    (2 - 4/65536) / 4, just under 1/2 (fp32: 2/3). Past that point a delta costs more bytes, so
+    early steps or a large learning rate fall back to dense. The decision is made as the tensors
+    arrive: once the patches reach the dense push's bytes (the baseline's), or no longer fit the
+    staging arena, which is that large (``weightsync.staging``: patches staged on a GPU learner never
+    take more host memory than the dense push, so on the gloo plane a GPU learner's delta turns
+    dense from about 1/3 of the bf16 elements changed, not 1/2), the rest is not diffed."""
 
     def __init__(self, mode: str = "full", full_every: int = 10, patch_cost: PatchCost = int32_patch_nbytes):
         if mode not in MODES:
@@ -101,17 +106,22 @@ class DeltaEncoder:
         self.baseline: dict[str, torch.Tensor] | None = None
 
     def encode(self, named: Iterable[tuple[str, torch.Tensor]], version: int, seq: int,
-               stage: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Payload:
+               stager: Stager | None = None) -> Payload:
         """The payload of push ``seq`` (1, 2, ... per sender) of the wire-dtype tensors ``named``,
         consumed one at a time: each is diffed against its baseline on its own device (the baseline is
-        copied there for that), then what the payload and the next baseline keep of it is passed
-        through ``stage`` (``weightsync.staging.HostStager``: pinned host copies; default: kept as is)."""
-        stage = stage or (lambda t: t)
-        base = self.baseline
+        copied there for that), then what the payload and the next baseline keep of it goes through
+        ``stager`` (``weightsync.staging.HostStager``: host copies, the baseline's overwritten in place;
+        default: kept as they are). An error raised by ``named`` propagates and drops the baseline (it
+        may be half overwritten): the next push is dense."""
+        stager = stager or KEEP
+        base, self.baseline = self.baseline, None  # until this push is encoded
         dense = self.mode == "full" or base is None or (seq - 1) % self.full_every == 0
+        budget = 0 if dense else sum(t.numel() * t.element_size() for t in base.values())
+        if not dense:
+            stager.expect_delta(budget, len(base))
         kept: dict[str, torch.Tensor] = {}
         patches: list[Patch] = []
-        changed = numel = dense_bytes = patch_bytes = 0
+        changed = numel = patch_bytes = 0
         for name, t in named:
             if name in kept:
                 raise ValueError(f"parameter {name!r} appears twice in one push")
@@ -121,21 +131,50 @@ class DeltaEncoder:
             if not dense:
                 idx, values = diff(old.to(t.device, non_blocking=True), t)
                 if idx.numel():
-                    patches.append(Patch(name, stage(idx), stage(values), tuple(t.shape)))
-                    changed += idx.numel()
                     patch_bytes += self.patch_cost(idx.numel(), t.numel(), t.element_size())
-            kept[name] = stage(t)
+                    staged = (stager.patch(idx), stager.patch(values)) if patch_bytes < budget else (None,)
+                    if None in staged:
+                        logger.info("push #%d: after %d tensors the delta is not smaller than the dense push "
+                                    "(%d bytes): sent dense", seq, len(kept) + 1, budget)
+                        dense, patches = True, []
+                    else:
+                        patches.append(Patch(name, *staged, tuple(t.shape)))
+                        changed += idx.numel()
+            kept[name] = stager.weight(name, t)
             numel += t.numel()
-            dense_bytes += t.numel() * t.element_size()
         if not dense and set(base) != set(kept):
             dense = True  # a parameter disappeared
-        if not dense and patch_bytes and patch_bytes >= dense_bytes:
-            logger.info("push #%d: the delta changes %.1f%% of the elements (%d patch bytes >= %d dense): "
-                        "sent dense", seq, 100 * changed / max(1, numel), patch_bytes, dense_bytes)
-            dense = True
         if dense:
             payload = Payload(version, seq, full=list(kept.items()))
         else:
             payload = Payload(version, seq, patches=patches, changed_frac=changed / max(1, numel))
-        self.baseline = kept if self.mode == "delta" else None  # only once the payload exists
+        self.baseline = kept if self.mode == "delta" else None
         return payload
+
+
+class Stager(Protocol):
+    """Where ``DeltaEncoder.encode`` keeps a push (``weightsync.staging.HostStager``): told first when
+    the push may be a delta of a dense push of ``dense_bytes`` in ``tensors`` tensors; ``patch`` may
+    return None: no room, send the push dense."""
+
+    def expect_delta(self, dense_bytes: int, tensors: int) -> None: ...
+
+    def weight(self, name: str, t: torch.Tensor) -> torch.Tensor: ...
+
+    def patch(self, t: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class _Keep:
+    """Keeps every tensor as it is (CPU tensors, the encoder alone)."""
+
+    def expect_delta(self, dense_bytes: int, tensors: int) -> None:
+        pass
+
+    def weight(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def patch(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+KEEP = _Keep()

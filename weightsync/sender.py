@@ -73,7 +73,7 @@ from weightsync.protocol import (
 )
 from weightsync.push_outcome import name_suspects, wait_acks
 from weightsync.signing import Forgeries, group_key, open_value
-from weightsync.staging import HostStager
+from weightsync.staging import StagingArea
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ class WeightSender:
                 min_gbps=min_gbps))
         self.plane: SenderPlane = plane
         self._delta.patch_cost = getattr(plane, "patch_cost", int32_patch_nbytes)  # its dense fallback
+        self._staging = StagingArea()  # host memory of the pushes, reused once a push was sent
         set_json(self._root, "config", {"world_size": num_receivers + 1, "timeout_s": self.timeout_s,
                                         "connect_timeout_s": self.connect_timeout_s, "nonce": self._nonce,
                                         "backend": self.plane.backend,
@@ -262,11 +263,13 @@ class WeightSender:
         new (not views of live parameters): the payload keeps them, and in delta mode they become the
         baseline of the next push. What the payload and the baseline keep of a GPU tensor is staged in
         pinned host memory as it arrives (``weightsync.staging``: nothing of a push stays on the GPU
-        through the next training step; CPU tensors are kept as they are). An error raised by the
-        iterable propagates; nothing was announced and the sender stays usable."""
-        stager = HostStager()
+        through the next training step; CPU tensors are kept as they are). That memory is reused: the
+        payload's host tensors are valid until the next ``prepare`` after it was sent. An error raised
+        by the iterable propagates; nothing was announced and the sender stays usable (its next push
+        is dense)."""
+        stager = self._staging.stager(self._prepared + 1)
         named = ((name, wire_tensor(t, self.cast_dtype)) for name, t in named_tensors)
-        payload = self._delta.encode(named, int(version), self._prepared + 1, stage=stager)
+        payload = self._delta.encode(named, int(version), self._prepared + 1, stager=stager)
         payload.ready = stager.done()
         self._prepared += 1
         return payload
@@ -296,6 +299,7 @@ class WeightSender:
         try:
             set_json(self._store, key_push(seq), {"version": version, "info": self.plane.update_info(payload)})
             stats = self.plane.send(payload, self.timeout_s)
+            self._staging.release(seq)  # the plane has read the payload: its memory serves the next one
             t_sent = time.perf_counter()
             acks = wait_acks(self._store, self.receivers, seq, version, self.timeout_s, lambda: self._broken)
         except WeightSyncError as e:

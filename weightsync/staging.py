@@ -19,16 +19,38 @@ Stream rules (CUDA):
   which rank 0 keeps training), then only that stream is synchronised. A new thread's current stream
   is the legacy default stream: NCCL kernels queued there would wait for (and delay) training.
 
-Every CUDA call goes through ``CudaOps`` so that the tests can check the choreography on a machine
-without CUDA (a fake ops object recording the calls). NOT yet run on a GPU here.
+Memory: one sender allocates the host memory of its pushes once and reuses it (``StagingArea``):
+- one buffer per tensor of the dense push (``HostMemory.slot``), overwritten in place by the next
+  push. So the delta baseline costs nothing more: a push's tensors are the next push's baseline, and
+  tensor i's diff reads its old bytes before its new ones are copied over them (the copy waits for
+  the stream the diff ran on; on the CPU the diff has finished before);
+- one flat arena for a delta's patches, as large as the dense push (a delta is sent only while it is
+  smaller, ``weightsync.delta``), carved into views from its start at every push.
+The buffers are ordinary allocations whose pages are registered with ``cudaHostRegister``
+(``CudaOps.host_buffer``), not torch's pinned allocator: that one rounds every block up to a power of
+two and keeps it cached for the life of the process (``CachingHostAllocator.h``), so a 7B bf16
+payload of 15.2 GB took 29 GB of pinned memory, about 58 GB in delta mode (a second set of blocks
+for the next baseline), all allocated on the first pushes' critical path. Now 15.2 GB, 30.5 GB in
+delta mode (``pinned_staging_bytes``), allocated by the first push and then reused. A buffer is
+reused only after the push that filled it was sent: a payload prepared before the previous one was
+sent, or after a failed send (whose abandoned thread may still read it), gets new buffers.
+
+Every CUDA call goes through ``CudaOps`` so that the tests can check the choreography and the memory
+on a machine without CUDA (a fake ops object recording the calls). NOT yet run on a GPU here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from functools import cache
 
 import torch
+
+PAGE = 4096  # cudaHostRegister locks whole pages
+HOST_BUFFER_OVERHEAD = 2 * PAGE  # a buffer's pages are aligned inside an allocation this much larger
+ALIGN = 64  # every view carved from the patch arena starts at a multiple of this: aligned for any dtype
 
 
 @cache
@@ -57,12 +79,29 @@ class CudaOps:
     def use(self, stream):
         return torch.cuda.stream(stream)
 
-    def copy_to_host(self, t: torch.Tensor, stream) -> torch.Tensor:
-        """A pinned host copy of ``t``, issued on ``stream`` (the current one), not waited for."""
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)
+    def on_host(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is kept as it is (already in host memory) rather than staged."""
+        return t.device.type == "cpu"
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` (> 0) of page-locked host memory, exactly, as a uint8 tensor: an ordinary CPU
+        allocation of ``HOST_BUFFER_OVERHEAD`` more, whose page-aligned middle is registered with
+        ``cudaHostRegister`` (whole pages of its own, so no two buffers share a registered page) and
+        unregistered when the storage is freed (as torch's own checkpoint stager does)."""
+        raw = torch.empty(nbytes + HOST_BUFFER_OVERHEAD, dtype=torch.uint8)
+        start = -raw.data_ptr() % PAGE
+        ptr = raw.data_ptr() + start
+        cudart = torch.cuda.cudart()
+        err = int(cudart.cudaHostRegister(ptr, -(-nbytes // PAGE) * PAGE, 0))
+        if err:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory failed: cudaError {err}")
+        weakref.finalize(raw.untyped_storage(), cudart.cudaHostUnregister, ptr).atexit = False
+        return raw[start:start + nbytes]
+
+    def copy_to_host(self, t: torch.Tensor, out: torch.Tensor, stream) -> None:
+        """Copy ``t`` into the host tensor ``out`` on ``stream`` (the current one), not waited for."""
+        out.copy_(t, non_blocking=True)
         t.record_stream(stream)
-        return host
 
     def to_device(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``t`` on ``device``, copied on the current stream (asynchronously from pinned memory)."""
@@ -80,27 +119,129 @@ class CudaOps:
 CUDA = CudaOps()
 
 
-class HostStager:
-    """``stager(t)``: ``t`` itself when on the CPU, else a pinned host copy of it whose bytes are valid
-    once the event from ``done()`` has completed (module docstring). One stager per push."""
+def pinned_staging_bytes(payload_bytes: int, mode: str, *, tensors: int = 0) -> int:
+    """Host memory (bytes) that staging takes on learner rank 0 for a dense push of ``payload_bytes``
+    in ``tensors`` tensors, page-locked but for a few KiB per buffer (module docstring): in mode
+    "full" one buffer per tensor; in mode "delta" also the patch arena (the payload's bytes, plus
+    ``ALIGN`` per index and value view). Each buffer costs ``HOST_BUFFER_OVERHEAD`` more: 8 KiB, so
+    2.8 MB for the 339 tensors of a 7B model (``tensors`` 0 leaves that out)."""
+    if mode not in ("full", "delta"):
+        raise ValueError(f"weight_sync.mode must be 'full' or 'delta', got {mode!r}")
+    slots = payload_bytes + tensors * HOST_BUFFER_OVERHEAD
+    if mode == "full":
+        return slots
+    return slots + payload_bytes + 2 * ALIGN * tensors + HOST_BUFFER_OVERHEAD
+
+
+class HostMemory:
+    """The host buffers pushes are staged in (module docstring): ``slots``, one per tensor name, and
+    ``arena`` for a delta's patches. ``allocated``: bytes allocated so far, ``HOST_BUFFER_OVERHEAD``
+    included (what ``pinned_staging_bytes`` estimates)."""
 
     def __init__(self, ops: CudaOps = CUDA):
         self.ops = ops
-        self._stream = None
+        self.slots: dict[str, torch.Tensor] = {}
+        self.arena: torch.Tensor | None = None
+        self.allocated = 0
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "cpu":
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        self.allocated += nbytes + HOST_BUFFER_OVERHEAD
+        return self.ops.host_buffer(nbytes)
+
+    def slot(self, name: str, nbytes: int) -> torch.Tensor:
+        """The buffer of tensor ``name``: the last push's when it has ``nbytes``, else a new one."""
+        buf = self.slots.get(name)
+        if buf is None or buf.numel() != nbytes:
+            buf = self.slots[name] = self._buffer(nbytes)
+        return buf
+
+    def patch_arena(self, nbytes: int) -> torch.Tensor:
+        """The patch arena, (re)allocated when smaller than ``nbytes``."""
+        if self.arena is None or self.arena.numel() < nbytes:
+            self.arena = self._buffer(nbytes)
+        return self.arena
+
+
+class HostStager:
+    """Stages one push in ``memory`` (module docstring): ``weight(name, t)`` a tensor of the dense
+    push (the next baseline), ``patch(t)`` a delta's indices or values. Each returns ``t`` itself when
+    it is in host memory already (CPU runs: nothing changes), else its host copy, whose bytes are
+    valid once the event from ``done()`` has completed. ``patch`` returns None when the arena is full:
+    the patches would outgrow the dense push, which is then sent instead."""
+
+    def __init__(self, memory: HostMemory):
+        self.memory, self.ops = memory, memory.ops
+        self._stream = None
+        self._arena_bytes = 0  # the patch arena this push needs (``expect_delta``)
+        self._carved = 0  # bytes of it used so far
+        self._names: set[str] = set()
+
+    def expect_delta(self, dense_bytes: int, tensors: int) -> None:
+        """The patches of this push may take up to ``dense_bytes`` (the dense push's size: beyond it
+        the push is sent dense), plus an ``ALIGN`` per view (indices and values of each tensor). The
+        arena is allocated at the first patch of a tensor to stage (never for CPU runs)."""
+        self._arena_bytes = dense_bytes + 2 * ALIGN * tensors
+
+    def weight(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if self.ops.on_host(t):
             return t
+        self._names.add(name)
+        if not t.numel():
+            return torch.empty(t.shape, dtype=t.dtype)
+        return self._copy(t, self.memory.slot(name, t.numel() * t.element_size()))
+
+    def patch(self, t: torch.Tensor) -> torch.Tensor | None:
+        if self.ops.on_host(t):
+            return t
+        arena = self.memory.patch_arena(self._arena_bytes)
+        start = -(-self._carved // ALIGN) * ALIGN
+        end = start + t.numel() * t.element_size()
+        if end > arena.numel():
+            return None
+        self._carved = end
+        return self._copy(t, arena[start:end])
+
+    def _copy(self, t: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        out = buf.view(t.dtype).view(t.shape)
         ops = self.ops
         if self._stream is None:
             self._stream = ops.side_stream(t.device, "stage")
         ops.wait_stream(self._stream, ops.current_stream(t.device))
         with ops.use(self._stream):
-            return ops.copy_to_host(t, self._stream)
+            ops.copy_to_host(t, out, self._stream)
+        return out
 
     def done(self):
-        """The event that completes once every copy issued so far has landed (None: nothing staged)."""
+        """The event that completes once every copy issued so far has landed (None: nothing staged).
+        Frees the slots of names this push did not have."""
+        for name in set(self.memory.slots) - self._names:
+            del self.memory.slots[name]
         return None if self._stream is None else self.ops.record_event(self._stream)
+
+
+class StagingArea:
+    """One sender's staging memory, reused from push to push: ``stager(seq)`` stages push ``seq`` in
+    the buffers of the previous push once that one was ``release``d (sent), else in new buffers (the
+    old ones stay with whoever may still read them: an unsent payload, a failed send's thread)."""
+
+    def __init__(self, ops: CudaOps = CUDA):
+        self.ops = ops
+        self.memory = HostMemory(ops)
+        self._holder: int | None = None  # the push whose bytes are in ``memory``, until it was sent
+        self._lock = threading.Lock()  # release runs on the send thread
+
+    def stager(self, seq: int) -> HostStager:
+        with self._lock:
+            if self._holder is not None:
+                self.memory = HostMemory(self.ops)
+            self._holder = seq
+            return HostStager(self.memory)
+
+    def release(self, seq: int) -> None:
+        """Push ``seq`` was sent: nothing reads its buffers any more."""
+        with self._lock:
+            if self._holder == seq:
+                self._holder = None
 
 
 def wait_ready(ready) -> None:

@@ -94,10 +94,11 @@ def resume_lines(resume: ResumePlan, run_dir: Path) -> list[str]:
 
 
 def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None, push_to: str | None = None,
-          public: bool = False) -> int:
+          public: bool = False, presets: str | None = None) -> int:
     """Start the run `cfg` (a new one, or `resume`'s continuation); returns the exit status. push_to: the Hub
     repository its final HF export goes to once it has finished (`launch.commands.push`; public: created
-    public instead of private)."""
+    public instead of private). presets: the line saying which preset values a user's model got
+    (`configs.presets.describe`), said once the checks have passed."""
     try:
         if push_to is not None and (problem := push_problem(push_to)):
             raise ConfigError(problem)
@@ -109,7 +110,7 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None,
         cluster = ClusterInfo.discover(cfg.ray_address, serial=cfg.serial)
         cfg = cluster.resolve(cfg)  # "auto" decided, ray_address = the cluster joined: what config.yaml records
         cfg = absolutize(cfg, Path.cwd())  # every node must find the same files (launch.state.storage)
-        plan(cfg, cluster.nodes, joined=cluster.cluster)
+        planned = plan(cfg, cluster.nodes, joined=cluster.cluster)
     except (ConfigError, ResourceError, PreflightError) as e:
         print(f"algo-train: {e}", file=sys.stderr)
         return 2
@@ -122,8 +123,8 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None,
     progress.message(f"[run] {cluster.describe()}")
     progress.message(f"[run] {cfg.algo}: {cfg.rollout.num_actors} actor(s), {cfg.learner.world_size} learner "
                      f"rank(s), max_staleness {staleness_text(cfg)}, {cfg.learner.steps} steps -> {run_dir}")
-    for line in start_lines(cfg):  # GPU runs: weight sync of shared GPUs, the learner memory estimate
-        progress.message(line)
+    for line in [*([presets] if presets else []), *start_lines(cfg), *planned.notes]:  # notes: idle GPU engines
+        progress.message(line)  # start_lines: GPU runs' weight sync of shared GPUs, the learner memory estimate
     for line in resume_lines(resume, run_dir) if resume is not None else ():
         progress.message(line)
     from launch.commands.supervisor import supervise

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from configs.concurrency import engine_load
 from configs.schema import RunConfig
 from launch.doctor.report import Check
-from launch.doctor.versions import VLLM, vllm_problem
-from launch.planning.memory_estimate import micro_batch_tokens
+from launch.planning.engine_load import gpu_engine_load, idle_warning
+from launch.planning.memory_estimate import LearnerMemory, micro_batch_tokens, run_memory
 from launch.planning.model_shape import DTYPE_BYTES, ModelShape, context_problem
+from launch.planning.resources import actor_count
+from launch.planning.versions import VLLM, vllm_problem
 
 GIB = 2**30
 ENGINE_RESERVE_GIB = 4.0  # a GPU engine's share kept free of KV: CUDA graphs, activations, push transients
@@ -26,13 +29,21 @@ def model_dir(cfg: RunConfig) -> Path:
 
 
 def _dtype_bytes(cfg: RunConfig, gpu: bool) -> int:
-    return DTYPE_BYTES[cfg.model.resolved_dtype("cuda" if gpu else "cpu")]
+    return DTYPE_BYTES[cfg.model.resolved_dtype(gpu)]
 
 
-def kv_check(cfg: RunConfig, shape: ModelShape, node: str, gpu_bytes: int | None) -> Check:
+def kv_checks(cfg: RunConfig, shape: ModelShape, node: str, gpu_bytes: int | None) -> list[Check]:
     """KV tokens one engine on `node` gets, against one whole sequence (vLLM refuses to start below it) and
-    against the sequences in flight (below that, vLLM preempts and recomputes). `gpu_bytes`: the memory of
-    one of the node's GPUs, None on a CPU node."""
+    against the sequences in flight (below that, vLLM preempts and recomputes); on a GPU node also whether the
+    staleness credit and the actor count leave the engine mostly idle (`configs.concurrency`, the planner's
+    rule). `gpu_bytes`: the memory of one of the node's GPUs, None on a CPU node."""
+    row, tokens = _kv_row(cfg, shape, node, gpu_bytes)
+    idle = idle_warning(cfg, tokens, actor_count(cfg)) if gpu_bytes is not None and tokens is not None else None
+    return [row] + ([Check(node, "engine load", "WARN", *idle)] if idle else [])
+
+
+def _kv_row(cfg: RunConfig, shape: ModelShape, node: str, gpu_bytes: int | None) -> tuple[Check, int | None]:
+    """`kv_checks`' first row, and the KV tokens it estimated (None: not estimated)."""
     r = cfg.rollout
     seq = cfg.data.max_prompt_tokens + r.max_response_tokens
     gpu = gpu_bytes is not None
@@ -47,20 +58,22 @@ def kv_check(cfg: RunConfig, shape: ModelShape, node: str, gpu_bytes: int | None
         how = f"rollout.kv_cache_gib={gib:g}"
     else:  # a GPU engine sized by a memory share on a node whose GPUs were not read
         return Check(node, "kv cache", "WARN", "the node reports no GPU memory: KV tokens not estimated",
-                     "check that the node's GPUs are visible to Ray (ray status)")
+                     "check that the node's GPUs are visible to Ray (ray status)"), None
     tokens = int(max(budget, 0) // per_token)
-    want = r.prompts_in_flight * r.n * seq
+    load = (gpu_engine_load(cfg, tokens, actor_count(cfg)) if gpu
+            else engine_load(cfg, gpu=False, actors=actor_count(cfg), kv_tokens=tokens))
+    want = load.prompts * r.n * seq  # prompts_in_flight as the run resolves it (auto included)
     found = (f"{tokens:,} KV tokens per engine ({how}; {per_token:,} B/token); one sequence needs {seq:,}, "
-             f"{r.prompts_in_flight} prompts × {r.n} samples in flight need {want:,}")
+             f"{load.prompts} prompts × {r.n} samples in flight need {want:,}")
     if tokens < seq:
         return Check(node, "kv cache", "FAIL", found,
                      "raise rollout.kv_cache_gib (CPU) or rollout.engine.gpu_memory_utilization (GPU), or lower "
-                     "data.max_prompt_tokens + rollout.max_response_tokens")
+                     "data.max_prompt_tokens + rollout.max_response_tokens"), tokens
     if tokens < want:
         return Check(node, "kv cache", "WARN", found,
                      f"engines will preempt and recompute: lower rollout.prompts_in_flight to "
-                     f"{max(1, tokens // (r.n * seq))} or give the KV cache more memory")
-    return Check(node, "kv cache", "PASS", found)
+                     f"{max(1, tokens // (r.n * seq))} or give the KV cache more memory"), tokens
+    return Check(node, "kv cache", "PASS", found), tokens
 
 
 def read_shape(cfg: RunConfig) -> ModelShape:
@@ -103,8 +116,9 @@ def run_paths(cfg: RunConfig) -> list[str]:
     return [str(p) for p in (cfg.model.path, d.path, d.eval_path, d.demos) if p]
 
 
-def facts_checks(node: str, facts: dict, driver: dict, cluster: bool, gpus: bool) -> list[Check]:
-    """Rows for one node's `doctor_probes.node_facts` against the driver's."""
+def facts_checks(node: str, facts: dict, driver: dict, cluster: bool, gpus: bool, learner_ranks: int) -> list[Check]:
+    """Rows for one node's `launch.doctor.probes.node_facts` against the driver's (`learner_ranks`:
+    learner.world_size, which decides whether the interface variables are needed)."""
     out = []
     v = facts["versions"]
     vllm_msg = vllm_problem(lambda d: _version_of(v, d))
@@ -128,7 +142,7 @@ def facts_checks(node: str, facts: dict, driver: dict, cluster: bool, gpus: bool
                          "put the run folder, model and data on a filesystem every node mounts at the same path"))
     else:
         out.append(Check(node, "storage", "PASS", "reads the driver's file and every path the run names"))
-    out.append(_iface_check(node, facts["ifaces"], cluster, gpus))
+    out.append(_iface_check(node, facts["ifaces"], cluster, gpus, learner_ranks))
     return out
 
 
@@ -140,7 +154,13 @@ def _version_of(versions: dict, dist: str) -> str:
     return versions[dist]
 
 
-def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool) -> Check:
+def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool, learner_ranks: int) -> Check:
+    """GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME on GPU nodes) of the node's Ray. A variable naming an
+    interface the node lacks fails whatever the run (gloo and NCCL bind only the interfaces named). Unset,
+    they matter only to a learner of several ranks on a cluster: its ranks' process group binds the
+    address the hostname resolves to (often loopback). A one-rank learner makes no sockets for its group
+    (`learner.distributed.init_distributed`), and the weight sync binds the learner node's address as
+    Ray reports it (gloo; NCCL picks a non-loopback interface itself)."""
     if not cluster:
         return Check(node, "interfaces", "PASS", "one machine: every service on loopback")
     needed = ["GLOO_SOCKET_IFNAME"] + (["NCCL_SOCKET_IFNAME"] if gpus else [])
@@ -149,10 +169,13 @@ def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool) -> Check:
     if absent:
         return Check(node, "interfaces", "FAIL", "no such interface on this node: " + ", ".join(absent),
                      "name the cluster network's interface of this node, then restart its `ray start`")
+    if unset and learner_ranks > 1:
+        return Check(node, "interfaces", "WARN", f"{', '.join(unset)} not set in Ray's environment: the "
+                     f"{learner_ranks} learner ranks' process group binds the address the hostname resolves to "
+                     "(often loopback)", f"export {unset[0]}=IFACE before `ray start` on every node")
     if unset:
-        return Check(node, "interfaces", "WARN", f"{', '.join(unset)} not set in Ray's environment: gloo/NCCL "
-                     "bind the address the hostname resolves to (often loopback)",
-                     f"export {'='.join([unset[0], 'IFACE'])} before `ray start` on every node")
+        return Check(node, "interfaces", "PASS", f"{', '.join(unset)} not set, not needed: one learner rank "
+                     "(no sockets for its group; the weight sync binds the learner node's address)")
     return Check(node, "interfaces", "PASS", ", ".join(f"{v}={ifaces[v][0]}" for v in needed))
 
 
@@ -175,18 +198,21 @@ def node_checks(cfg: RunConfig, shape: ModelShape, probe: Path, cluster: bool) -
     try:
         for n, facts in zip(nodes, ray.get(refs, timeout=120)):
             res = n.get("Resources", {})
-            out += facts_checks(n["NodeManagerAddress"], facts, driver, cluster, res.get("GPU", 0) > 0)
+            out += facts_checks(n["NodeManagerAddress"], facts, driver, cluster, res.get("GPU", 0) > 0,
+                                cfg.learner.world_size)
             if hosts_actors(cfg, res):
                 gpu = facts["gpu_bytes"][0] if facts["gpu_bytes"] and cfg.rollout.gpus_per_actor else None
-                out.append(kv_check(cfg, shape, n["NodeManagerAddress"], gpu))
+                out += kv_checks(cfg, shape, n["NodeManagerAddress"], gpu)
     finally:
         probe.unlink(missing_ok=True)
     return out
 
 
-def learner_estimate(cfg: RunConfig, shape: ModelShape, probe: dict, gpu: bool) -> tuple[float, str]:
-    """(bytes, how) a learner rank needs: sharded fp32 weights, grads and AdamW moments (16 B per parameter
-    / world size) plus the micro-batch's activations at the probe's bytes per token."""
+def learner_estimate(cfg: RunConfig, shape: ModelShape, probe: dict, gpu: bool) -> tuple[LearnerMemory, str]:
+    """(the run's memory budget, how) of a learner rank: the start line's (`memory_estimate.run_memory`: sharded
+    state, the root unit and its gradients, prefetched layers, the log-prob head chunk, the reference model,
+    the HF models the algorithm loads, rank 0's send buffers and pinned staging), with the activations of
+    one micro-batch at the probe's measured bytes per token instead of the formula."""
     tokens = micro_batch_tokens(cfg, gpu)
     ac = cfg.learner.activation_checkpointing
     ac = gpu if ac == "auto" else bool(ac)
@@ -196,16 +222,17 @@ def learner_estimate(cfg: RunConfig, shape: ModelShape, probe: dict, gpu: bool) 
         acts = tokens * (probe["head_token_bytes"] + shape.layers * kept + per_layer)
     else:
         acts = tokens * (probe["head_token_bytes"] + shape.layers * per_layer)
-    state = 16 * shape.parameters() / cfg.learner.world_size
+    m = run_memory(cfg, shape, gpu, activations=acts)
+    items = ", ".join(f"{k} {b / GIB:.2f}" for k, b in m.every_rank + m.rank0_only)
     how = (f"{per_layer / 1024:.1f} KiB/token/layer + {probe['head_token_bytes'] / 1024:.1f} KiB/token head "
            f"(measured, {probe['device']}); micro-batch {tokens:,} tokens × {shape.layers} layers"
-           f"{' (checkpointed)' if ac else ''} ≈ {acts / GIB:.2f} GiB + weights/grads/AdamW "
-           f"{state / GIB:.2f} GiB per rank")
-    return acts + state, how
+           f"{' (checkpointed)' if ac else ''}; rank 0: {items} GiB")
+    return m, how
 
 
 def learner_checks(cfg: RunConfig, tokens: int) -> list[Check]:
-    """Measure the learner's bytes per token at the model's real width and vocabulary on a learner node."""
+    """Measure the learner's bytes per token at the model's real width and vocabulary on a learner node, and
+    check rank 0's whole budget against its GPU and its pinned staging against the node's memory."""
     import ray
 
     from launch.doctor.probes import learner_memory, model_config
@@ -214,7 +241,7 @@ def learner_checks(cfg: RunConfig, tokens: int) -> list[Check]:
     shape = ModelShape.from_config(config)
     gpu = bool(cfg.learner.gpus_per_rank)
     device = "cuda" if gpu else "cpu"
-    dtype = cfg.model.resolved_dtype(device)
+    dtype = cfg.model.resolved_dtype(gpu)
     opts = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": 1}
     if cfg.learner.custom_resources:
         opts["resources"] = {k: min(v, 1e-3) for k, v in cfg.learner.custom_resources.items()}
@@ -225,14 +252,31 @@ def learner_checks(cfg: RunConfig, tokens: int) -> list[Check]:
     except Exception as e:  # the row says what failed; the other checks still print
         return [Check("learner", "learner memory", "FAIL", f"the probe failed: {str(e).strip()[:300]}",
                       "run `algo-train doctor --verbose` and read the learner node's Ray log")]
-    need, how = learner_estimate(cfg, shape, probe, gpu)
-    cap = _learner_capacity(gpu)
-    found = f"{how}; needs ≈ {need / GIB:.1f} GiB" + (f" of {cap / GIB:.0f} GiB" if cap else "")
+    m, how = learner_estimate(cfg, shape, probe, gpu)
+    return [memory_row(m, how, _learner_capacity(gpu), probe.get("host_bytes"), cfg.weight_sync.mode)]
+
+
+PINNED_SHARE = 0.5  # of a node's memory that rank 0's pinned staging may take: Ray's object store takes
+# 30 % by default, and the learner process, its data and the page cache need the rest
+
+
+def memory_row(m: LearnerMemory, how: str, cap: float | None, host: float | None, mode: str) -> Check:
+    """The learner-memory row: rank 0's GPU budget against `cap` (its GPU's memory; None on CPU) and its
+    pinned staging against `host` (the node's memory; None: not read). FAIL names the fix."""
+    need = m.total(rank0=True)
+    pinned = sum(b for _, b in m.rank0_host)
+    found = (f"{how}; rank 0 needs ≈ {need / GIB:.1f} GiB" + (f" of {cap / GIB:.0f} GiB" if cap else "")
+             + f", and {pinned / GIB:.1f} GiB of {'pinned ' if cap else ''}host memory for the push in flight ({mode} pushes)"
+             + (f" of the node's {host / GIB:.0f} GiB" if host else ""))
     if cap and need > 0.9 * cap:
-        return [Check("learner", "learner memory", "FAIL", found,
-                      "set learner.micro_batch_tokens lower (e.g. 16384), learner.logprob_chunk_tokens=1024, "
-                      "activation checkpointing on, or more learner ranks")]
-    return [Check("learner", "learner memory", "PASS", found)]
+        return Check("learner", "learner memory", "FAIL", found,
+                     "set learner.micro_batch_tokens lower (e.g. 16384), learner.logprob_chunk_tokens=1024, "
+                     "activation checkpointing on, or more learner ranks")
+    if host and pinned > PINNED_SHARE * host:
+        return Check("learner", "learner memory", "FAIL", found,
+                     ("set weight_sync.mode=full (half the pinned staging), or " if mode == "delta" else "")
+                     + "put learner rank 0 on a node with more memory (pinned staging holds the pushed weights)")
+    return Check("learner", "learner memory", "PASS", found)
 
 
 def _learner_capacity(gpu: bool) -> float | None:

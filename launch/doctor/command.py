@@ -4,17 +4,21 @@ long run, with the run's own flags (`--ray-address`, `--model`, `--config`, `--s
 Prints one row per check — PASS, WARN or FAIL, what was found, and for a failure the fix — and exits 1 on
 any FAIL (`--json FILE` writes the rows for machines). The checks:
 
-- versions   every node has the tested vLLM (`launch.doctor.versions`) and the driver's torch, Ray, transformers;
+- versions   every node has the tested vLLM (`launch.planning.versions`) and the driver's torch, Ray, transformers;
 - storage    every node reads a file the driver just wrote beside the run folder (shared storage), and
              the model, data and teacher paths the run names;
-- interfaces on a joined cluster, the gloo/NCCL interface each node's Ray was started with exists there;
+- interfaces on a joined cluster, the gloo/NCCL interface each node's Ray was started with exists there
+             (unset: needed only by a learner of several ranks);
 - context    data.max_prompt_tokens + rollout.max_response_tokens fit the model's context;
 - kv cache   the KV tokens each engine gets hold at least one whole sequence (`launch.planning.model_shape`);
 - learner    bytes per token the learner needs at the model's real width and vocabulary, measured
-             (`launch.doctor.probes.learner_memory`), and the estimate for the configured micro-batch;
+             (`launch.doctor.probes.learner_memory`), in the start line's whole budget of rank 0
+             (`launch.planning.memory_estimate.run_memory`) against its GPU, and its pinned push
+             staging against the node's memory;
 - weights    the real weight path (`launch.doctor.weights`): a small model of the run's architecture,
-             learner rank 0 and one engine per actor node: a full push, a delta push, an aborted push
-             (the engine must serve under no version afterwards) and a fresh rendezvous, with bytes/s.
+             learner rank 0 (started as the run starts it: its rendezvous and interface choice) and one
+             engine per actor node: a full push, a delta push, a push the sender aborts (the engine must
+             serve under no version afterwards) and a fresh rendezvous, with bytes/s.
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ def _one_pass(config: dict, layers: int, tokens: int, dtype_name: str, chunk: in
 
 def learner_memory(config: dict, tokens: int, dtype_name: str, chunk: int, device_name: str) -> dict:
     """Per-token learner memory at this model shape (module docstring): bytes saved for backward per layer
-    and per token, the rest (embedding, head chunks) per token, and on a GPU the measured peak."""
+    and per token, the rest (embedding, head chunks) per token, on a GPU the measured peak, and the
+    node's memory (`host_memory`)."""
     import torch
 
     device = torch.device(device_name)
@@ -105,10 +106,15 @@ def learner_memory(config: dict, tokens: int, dtype_name: str, chunk: int, devic
     a1, p1, s1 = _one_pass(config, 1, tokens, dtype_name, chunk, device)
     a2, p2, s2 = _one_pass(config, 2, tokens, dtype_name, chunk, device)
     layer = max(a2 - a1, 0) / tokens
-    return {"device": device_name, "tokens": tokens, "per_layer_token_bytes": layer,
+    return {"device": device_name, "tokens": tokens, "per_layer_token_bytes": layer, "host_bytes": host_memory(),
             "head_token_bytes": max(a1 / tokens - layer, 0.0),
             "peak_layer_token_bytes": max(p2 - p1, 0) / tokens if p2 else None,
             "peak_2_layers_bytes": p2 or None, "seconds_2_layers": s2, "seconds_1_layer": s1}
+
+
+def host_memory() -> int:
+    """This node's physical memory in bytes (what learner rank 0's pinned staging competes for)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def probe_env() -> dict:

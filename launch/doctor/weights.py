@@ -10,9 +10,10 @@ KV cache, dtype) with the actors' own receiver (`weightsync.receiver.WeightRecei
   full     a dense push (version 1);
   delta    ~1 % of the elements changed, pushed as a delta (version 2) — the learner's sender runs in delta
            mode for the check (a dense push every 2), whatever `weight_sync.mode` says;
-  abort    a dense push the sender aborts half-way through its tensors (one it cannot pack; with the run's
-           `weight_sync.bucket_mb`, a small model may fit one bucket): every engine must then serve under
-           no version (`weightsync.receiver.NO_VERSION`, B1 of reviews/gpu_path.md);
+  abort    a dense push the sender aborts half-way through its tensors (`unsendable`: one whose data it
+           cannot read, on either backend; with the run's `weight_sync.bucket_mb`, a small model may fit one
+           bucket): every engine must then serve under no version (`weightsync.receiver.NO_VERSION`, B1 of
+           reviews/gpu_path.md), within seconds: the sender fails at once and says so to every engine;
   rejoin   a new weight-sync group (fresh rendezvous, as after an actor restart) and a full push
            (version 4): every engine serves version 4 again (a generated token carries it).
 
@@ -77,11 +78,21 @@ class WeightPeer:
             import torch
             from transformers import AutoModelForCausalLM
 
+            from launch.planning.cluster import joins_cluster
+            from launch.processes.roles import rank0_rendezvous
+            from learner.distributed import default_device, init_distributed
+
             gpu = bool(cfg.learner.gpus_per_rank)
+            device = default_device(0) if gpu else torch.device("cpu")
+            # learner rank 0's own start: its rendezvous address and `init_distributed` (as a group of one),
+            # so this process binds, and leaves in its environment (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME),
+            # what rank 0's does before it hosts the weight sync; a run that would fail there fails here
+            init_distributed(0, 1, device, rank0_rendezvous(cfg.learner.world_size, joins_cluster(cfg)),
+                             cfg.learner.collective_timeout_s)
             self.dtype = getattr(torch, cfg.model.resolved_dtype(gpu=gpu))
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                               trust_remote_code=cfg.model.trust_remote_code)
-            self.model.to("cuda" if gpu else "cpu")
+            self.model.to(device)
 
     # ------------------------------------------------------------------ learner
     def open_group(self, receivers: int, token: str) -> tuple[str, int]:
@@ -117,10 +128,7 @@ class WeightPeer:
                     p.add_(mask * p.abs().clamp_min(1e-3))  # every picked element changes in any dtype
         payload = self.sender.prepare(serving_weights(self.model, self.dtype), version)
         if abort:
-            if payload.full is None:
-                raise RuntimeError("the abort check needs a dense push")
-            bad = torch.zeros(2, dtype=torch.complex64, device=payload.full[0][1].device)
-            payload.full.insert(max(1, len(payload.full) // 2), ("model.not_sendable", bad))
+            unsendable(payload)
         stats = self.sender.send(payload)
         return {k: stats[k] for k in ("mode", "bytes", "seconds", "buckets", "acks", "changed_frac", "backend")}
 
@@ -170,8 +178,12 @@ class WeightPeer:
         return {**self.host.served_labels(), "version": self.receiver.version if self.receiver else None}
 
     def close(self) -> None:
+        import torch.distributed as dist
+
         if self.sender is not None:
             self.sender.close()
+        if self.role == "learner" and dist.is_initialized():  # (an engine's process group is vLLM's)
+            dist.destroy_process_group()
         if self.host is not None:
             if self._follow is not None:
                 self.host.call(_cancel(self._follow), timeout_s=10)
@@ -180,6 +192,21 @@ class WeightPeer:
 
 async def _cancel(task) -> None:
     task.cancel()
+
+
+def unsendable(payload) -> None:
+    """Put a tensor the sender cannot send half-way into a dense `payload`: it has the wire dtype and a shape
+    (so the push is announced and every engine starts receiving it) but no data (the meta device), so the
+    data plane's first read of it raises — gloo's packer and NCCL's producer alike — and the sender aborts
+    the push there (`WeightSender.send`: the abort key, then the plane's abort). A tensor of another dtype
+    would not do: NCCL sends any dtype as bytes, and the push then failed in an engine's load instead (a
+    receiver failure), held up by the push's deadline (~1.5 min at 7B width)."""
+    import torch
+
+    if payload.full is None:
+        raise RuntimeError("the abort check needs a dense push")
+    bad = torch.empty(2, dtype=payload.full[0][1].dtype, device="meta")
+    payload.full.insert(max(1, len(payload.full) // 2), ("model.not_sendable", bad))
 
 
 # ---------------------------------------------------------------------- the check, from the doctor's process
@@ -274,7 +301,7 @@ class _Run:
             return self.rows("abort", "FAIL", "the sender did not fail a push holding a tensor it cannot send",
                              "weightsync.sender must abort such a push")
         except Exception as e:  # noqa: BLE001 - expected: the sender's WeightSyncError
-            if "WeightSyncError" not in repr(e) and "cannot be sent" not in str(e):
+            if "WeightSyncError" not in repr(e):
                 return self.rows("abort", "FAIL", f"the push failed otherwise: {_remote_error(e)}", FIX_REACH)
         deadline = time.monotonic() + self.cfg.weight_sync.deadline_s + 10
         while True:  # each engine gives the push up once it reads the sender's abort key

@@ -80,6 +80,7 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
         **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
+        **engine_metrics(actor_reports),
     }
 
 
@@ -105,6 +106,20 @@ def weight_metrics(reports) -> dict:
     mixed = sum(r.get("mixed_version_tokens", 0) for r in reports)
     return {"actors/groups_no_version": sum(r.get("groups_no_version", 0) for r in reports),
             "actors/mixed_version_share": mixed / tokens if tokens else None}
+
+
+def engine_metrics(reports) -> dict:
+    """How busy the engines are, from the actors' last stats (`AsyncActor.stats`, `actors.occupancy`): the
+    sequences in flight per engine (each actor's average over its last ~30 s: prompts in flight × rollout.n),
+    the sequences an engine holds at full length (its KV cache, at most its max_num_seqs), means over the
+    engines that report them, and in flight over held summed over the engines whose capacity is known."""
+    reports = list(reports)
+    flying = [r["seqs_in_flight"] for r in reports if r.get("seqs_in_flight") is not None]
+    known = [(r["seqs_in_flight"], r["seq_capacity"]) for r in reports
+             if r.get("seqs_in_flight") is not None and r.get("seq_capacity")]
+    return {"actors/seqs_in_flight": sum(flying) / len(flying) if flying else None,
+            "actors/seq_capacity": sum(c for _, c in known) / len(known) if known else None,
+            "actors/engine_occupancy": sum(f for f, _ in known) / sum(c for _, c in known) if known else None}
 
 
 def merge_rows(**parts: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What a GPU run's learner ranks will need, estimated from the model's config.json before anything starts.
+"""What a run's learner ranks will need, estimated from the model's config.json before anything starts.
 
 The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per rank, bytes:
 
@@ -12,19 +12,25 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
     one layer          T × A                 A = (4h + 2 × MLP width) × d: one layer's activations while it
                                              runs (recompute); ~0.1 MB per token for Qwen2.5-7B
     log-prob head      4 × C × V × 4         fp32 logits of one chunk (C tokens × vocabulary), 4 buffers live
-    reference model    P × d / world + R × d with loss.kl_coef > 0
-    PURE's HF PRM      P_prm × d             a whole copy per rank (pure.prm=hf; any HF directory an
-                                             algorithm names in `AlgoSpec.files` counts so)
+    reference model    frozen(P)             when the algorithm asks for reference log-probs
+    PURE's HF PRM      frozen(P_prm)         pure.prm=hf (any HF directory an algorithm names in
+                                             `AlgoSpec.files` counts so), sharded like the reference
+  frozen(P) = P × d / world + R × d: a frozen model sharded with FSDP2 over the ranks, whose root unit
+  (its embedding and head) is whole while it runs; P × d on a world of one (unsharded).
   rank 0 only, on the GPU:
     send buffers       2 × max(bucket, largest tensor)   vLLM's packed producer buffers
   rank 0 only, in pinned host memory (`weightsync.staging`: nothing of a push stays on the GPU):
-    push payload       P × d                 the serving-dtype weights of the version in flight
-    delta baseline     P × d                 weight_sync.mode=delta
+    push staging       `pinned_host_bytes`: the payload P × d in full mode, twice that in delta mode
+                                             (the patch arena beside the payload, which is the baseline)
 
-d = bytes of model.dtype, h = hidden size, V = vocabulary. Not counted: PRIME's trainable PRM, CUDA and
-NCCL workspaces, allocator fragmentation. Qwen2.5-7B on 8 ranks, 16 k-token micro-batches, chunk 4096,
-full pushes: rank 0 ≈ 42 GB on its GPU (the appendix's 57 GB less the 15.2 GB payload, which now waits in
-host memory) plus 15.2 GB of pinned host memory (tests/launch/test_memory_estimate.py works it out).
+d = bytes of model.dtype, h = hidden size, V = vocabulary. `activations` (the layer inputs and the one
+layer) may be given measured instead (`algo-train doctor` measures bytes per token on a learner node);
+everything else is this arithmetic, which the run's start line and the doctor share. Not counted: PRIME's
+trainable PRM, the PRM's forward transients (batched by the same token budget as the policy's
+micro-batches, and not alive while the policy trains), CUDA and NCCL workspaces, allocator
+fragmentation. Qwen2.5-7B on 8 ranks, 16 k-token micro-batches, chunk 4096, full pushes: rank 0 ≈ 42 GB
+on its GPU (the appendix's 57 GB less the 15.2 GB payload, which now waits in host memory) plus 15.2 GB
+of pinned host memory, 30.5 GB in delta mode (tests/launch/test_memory_estimate.py works it out).
 """
 
 from __future__ import annotations
@@ -51,24 +57,40 @@ class LearnerMemory:
 
 
 def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: int, checkpointing: bool,
-                   dtype_bytes: int = 2, delta: bool = False, reference: bool = False, prm_parameters: int = 0,
-                   bucket_bytes: float = 256 * 2**20) -> LearnerMemory:
-    """The module docstring's budget for one rank (pure arithmetic)."""
+                   dtype_bytes: int = 2, delta: bool = False, reference: bool = False,
+                   aux: tuple[ModelShape, ...] = (), bucket_bytes: float = 256 * 2**20,
+                   activations: float | None = None) -> LearnerMemory:
+    """The module docstring's budget for one rank (pure arithmetic). aux: the frozen HF models the
+    algorithm loads (PURE's PRM); activations: measured bytes of one micro-batch's activations (None:
+    the formula)."""
     p, d, h = shape.parameters(), dtype_bytes, shape.hidden
     root = shape.vocab * h * (1 if shape.tied else 2)
     layer = (p - root - h) / shape.layers
     one_layer = (4 * h + 2 * shape.intermediate) * d
     kept = shape.layers * h * d if checkpointing else shape.layers * one_layer
+    acts = tokens * (kept + one_layer) if activations is None else activations
+
+    def frozen(s: ModelShape) -> float:
+        whole = s.parameters() * d
+        return whole if world == 1 else whole / world + s.vocab * s.hidden * (1 if s.tied else 2) * d
+
     every = [("fp32 state", 16 * p / world), ("embedding/head", root * d), ("their grads", root * (d + 4)),
-             ("2 layers", 2 * layer * d), ("activations", tokens * (kept + one_layer)),
+             ("2 layers", 2 * layer * d), ("activations", acts),
              ("log-prob head", 4 * chunk_tokens * shape.vocab * 4)]
     if reference:
-        every.append(("reference", p * d / world + root * d))
-    if prm_parameters:
-        every.append(("HF PRM", prm_parameters * d))
+        every.append(("reference", frozen(shape)))
+    every += [("HF PRM", frozen(s)) for s in aux]
     rank0 = [("send buffers", 2 * max(bucket_bytes, shape.vocab * h * d))]
-    host = [("push payload", p * d)] + ([("delta baseline", p * d)] if delta else [])
+    host = [("push staging", pinned_host_bytes(p * d, delta))]
     return LearnerMemory(tuple(every), tuple(rank0), tuple(host))
+
+
+def pinned_host_bytes(payload_bytes: float, delta: bool) -> float:
+    """Pinned host memory learner rank 0 stages its pushes in (`weightsync.staging.pinned_staging_bytes`:
+    the payload's exact bytes, and as much again for a delta's patch arena; its 8 KiB per tensor left out)."""
+    from weightsync.staging import pinned_staging_bytes
+
+    return float(pinned_staging_bytes(int(payload_bytes), "delta" if delta else "full"))
 
 
 def micro_batch_tokens(cfg: RunConfig, gpu: bool) -> int:
@@ -79,23 +101,36 @@ def micro_batch_tokens(cfg: RunConfig, gpu: bool) -> int:
     return min(rows, cap) if cap else rows
 
 
-def estimate_line(cfg: RunConfig, shape: ModelShape, prm_parameters: int = 0) -> str:
-    """The start line of a resolved GPU run: rank 0 and the other ranks, then the items (GB)."""
+def run_memory(cfg: RunConfig, shape: ModelShape, gpu: bool = True, activations: float | None = None) -> LearnerMemory:
+    """`learner_memory` for a run's learner ranks on a GPU (`gpu`) or CPU: its micro-batch, log-prob chunk,
+    checkpointing, dtype, push mode, reference model and the HF models its algorithm loads
+    (`aux_shapes`). The start line and `algo-train doctor` both count with this."""
+    import algos
+
     lc = cfg.learner
     ac = lc.activation_checkpointing
+    return learner_memory(shape, world=lc.world_size, tokens=micro_batch_tokens(cfg, gpu),
+                          chunk_tokens=lc.resolved_logprob_chunk_tokens(gpu),
+                          checkpointing=gpu if ac == "auto" else bool(ac),
+                          dtype_bytes=DTYPE_BYTES[cfg.model.resolved_dtype(gpu)],
+                          delta=cfg.weight_sync.mode == "delta",
+                          reference="ref_logprobs" in algos.get(cfg.algo).requires(cfg),
+                          aux=aux_shapes(cfg), bucket_bytes=cfg.weight_sync.bucket_mb * 2**20,
+                          activations=activations)
+
+
+def estimate_line(cfg: RunConfig, shape: ModelShape) -> str:
+    """The start line of a resolved GPU run: rank 0 and the other ranks, then the items (GB)."""
+    lc = cfg.learner
     tokens, chunk = micro_batch_tokens(cfg, gpu=True), lc.resolved_logprob_chunk_tokens(gpu=True)
-    m = learner_memory(shape, world=lc.world_size, tokens=tokens, chunk_tokens=chunk,
-                       checkpointing=True if ac == "auto" else bool(ac),
-                       dtype_bytes=DTYPE_BYTES[cfg.model.resolved_dtype(gpu=True)],
-                       delta=cfg.weight_sync.mode == "delta", reference=cfg.loss.kl_coef > 0,
-                       prm_parameters=prm_parameters, bucket_bytes=cfg.weight_sync.bucket_mb * 2**20)
+    m = run_memory(cfg, shape)
     items = ", ".join(f"{k} {b / GB:.1f}" for k, b in m.every_rank + m.rank0_only)
     others = f", other ranks ≈ {m.total(False) / GB:.1f} GB" if lc.world_size > 1 else ""
     host = sum(b for _, b in m.rank0_host)
     return (f"[run] learner memory per rank (estimate): rank 0 ≈ {m.total(True) / GB:.1f} GB{others} — {items} GB "
             f"({tokens:,}-token micro-batches, log-prob chunk {chunk:,}; lower learner.micro_batch_tokens or "
             f"learner.logprob_chunk_tokens if that is near your GPU's memory); rank 0 stages each push in "
-            f"{host / GB:.1f} GB of pinned host memory")
+            f"{host / GB:.1f} GB of pinned host memory ({cfg.weight_sync.mode} pushes)")
 
 
 def start_lines(cfg: RunConfig) -> list[str]:
@@ -111,18 +146,19 @@ def start_lines(cfg: RunConfig) -> list[str]:
         shape = ModelShape.read(cfg.model.path)
     except (OSError, KeyError, TypeError, ValueError):
         return lines
-    return lines + [estimate_line(cfg, shape, aux_parameters(cfg))]
+    return lines + [estimate_line(cfg, shape)]
 
 
-def aux_parameters(cfg: RunConfig) -> int:
-    """Parameters of the HF model directories the algorithm names (`AlgoSpec.files` of kind "hf_dir", e.g.
-    PURE's PRM with pure.prm=hf), each loaded whole on every rank; one whose config.json is unreadable counts 0."""
+def aux_shapes(cfg: RunConfig) -> tuple[ModelShape, ...]:
+    """Shapes of the HF model directories the algorithm names (`AlgoSpec.files` of kind "hf_dir", e.g.
+    PURE's PRM with pure.prm=hf), each sharded over the ranks like the reference model; one whose
+    config.json is unreadable is left out (preflight refuses a run it breaks)."""
     import algos
     from configs.loading import value_of
 
-    total = 0
+    shapes = []
     for key, kind in algos.get(cfg.algo).files(cfg):
         if kind == "hf_dir":
             with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
-                total += ModelShape.read(value_of(cfg, key)).parameters()
-    return total
+                shapes.append(ModelShape.read(value_of(cfg, key)))
+    return tuple(shapes)

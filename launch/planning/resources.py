@@ -16,7 +16,9 @@ not a Ray resource of the bundles but is checked per node the same way. When the
 `ResourceError` says what was asked, what each node has and what to change — in milliseconds, instead
 of a scheduler waiting forever. Pure: tests pass declared nodes, no Ray needed.
 
-`resolve_auto(cfg, nodes)` decides the "auto" settings against the same nodes (see its docstring).
+`resolve_auto(cfg, nodes)` decides the "auto" settings against the same nodes (see its docstring). A plan
+that fits carries the start lines the run prints (`Plan.notes`): GPU engines that the staleness credit or
+the actor count leaves mostly idle, with the fix (`launch.planning.engine_load`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from configs.concurrency import CPU_PROMPTS_IN_FLIGHT
 from configs.schema import RunConfig
 from configs.shared import GPU_MEMORY_UTILIZATION
+from launch.planning.engine_load import idle_note
 
 ENGINE_OVERHEAD_GIB = 1.5  # measured RSS of one vLLM-CPU engine (tiny model) beyond its KV cache
 LEARNER_OVERHEAD_GIB = 1.0
@@ -94,6 +98,7 @@ class Plan:
     actors: int
     rank_strategy: str  # "STRICT_PACK" (all ranks on one node) or "PACK"
     layout: tuple[tuple[str, int, int], ...]
+    notes: tuple[str, ...] = ()  # start lines: GPU engines the credit leaves mostly idle (`engine_load.idle_note`)
 
     def summary(self) -> str:
         where = ", ".join(f"{n}: {r} rank(s) + {a} actor(s)" for n, r, a in self.layout)
@@ -130,6 +135,8 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         rollout.engine.gpu_memory_utilization  null -> 0.85 on GPU engines without rollout.kv_cache_gib
         learner.logprob_chunk_tokens  auto -> 1024 on GPU learner ranks, 4096 on CPU
         learner.micro_batch_tokens    auto -> 16384 on GPU learner ranks, null on CPU
+        rollout.prompts_in_flight     auto -> 16 on CPU engines (configs.concurrency); on GPU engines it stays
+                                      auto: each actor sizes it from the KV cache its engine reports
 
     Raises `ResourceError` for requests that cannot work there: 0 GPUs for a role on a cluster with
     GPUs (each vLLM engine and each learner rank would open GPU 0 and the second one fails), tensor
@@ -157,6 +164,8 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         r.engine.gpu_memory_utilization = GPU_MEMORY_UTILIZATION
     lr.logprob_chunk_tokens = lr.resolved_logprob_chunk_tokens(rank_gpu)
     lr.micro_batch_tokens = lr.resolved_micro_batch_tokens(rank_gpu)
+    if r.prompts_in_flight == "auto" and not engine_gpu:
+        r.prompts_in_flight = CPU_PROMPTS_IN_FLIGHT
     total = f"{sum(n.gpus for n in nodes):g}"
     problems = []
     if gpus and actor_count(out) and r.gpus_per_actor == 0:
@@ -311,7 +320,8 @@ def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False) -> Plan:
     strategy, pr, pa = _place(nodes, ranks, actors, rank_b, actor_b)
     if sum(pr) == ranks and sum(pa) == actors:
         layout = tuple((n.name, r, a) for n, r, a in zip(nodes, pr, pa) if r or a)
-        return Plan(rank_b, actor_b, ranks, actors, strategy, layout)
+        idle = idle_note(cfg, [n for n, a in zip(nodes, pa) if a], actors)
+        return Plan(rank_b, actor_b, ranks, actors, strategy, layout, notes=(idle,) if idle else ())
     asked = (f"{ranks} learner rank(s) × [{rank_b.describe()}] packed (one node when they fit) + "
              f"{actors} actor(s) × [{actor_b.describe()}] spread over the nodes; each bundle must fit on one node")
     have = "; ".join(n.describe() for n in nodes)

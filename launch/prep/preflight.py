@@ -6,6 +6,8 @@ folder half made. `preflight` reads everything the run will read, in the driver,
 problem with a `PreflightError` whose message is one or two lines: the config key, what is wrong, the fix.
 It writes nothing. Checked, in order:
 
+- vLLM (runs with actors): the installed release is the one the weight sync and the actors are written
+  against (`launch.planning.versions`; another one fails inside an engine, minutes later);
 - model.path: a directory (or a Hub id in the local HF cache, `launch.prep.hub`) with config.json (valid
   JSON), weights (*.safetensors / *.bin) and a tokenizer that loads (model.trust_remote_code), has an eos
   token and a chat template unless the run brings its own (data.chat_template) or uses none
@@ -33,6 +35,7 @@ from pathlib import Path
 import algos
 from configs.loading import value_of
 from configs.schema import RunConfig
+from launch.planning.versions import vllm_problem
 from launch.prep.data import load_prompt_records, match_demos, prompt_style, read_file
 from launch.prep.hub import ModelNotCached, model_dir
 from tasks.loaders import HUB_DATA
@@ -48,6 +51,8 @@ class PreflightError(Exception):
 def preflight(cfg: RunConfig) -> None:
     """Raise `PreflightError` at the first problem (module docstring); return None when all is usable."""
     spec = algos.get(cfg.algo)
+    if not spec.trains_on_demonstrations_only and (problem := vllm_problem()):
+        raise PreflightError(problem)
     tokenizer = None
     if cfg.model.path is not None:
         try:

@@ -49,5 +49,12 @@ class ActorRole(RolloutActor):
         super().start()
         return os.getpid()
 
+    def gpu(self) -> tuple[str, tuple[str, ...]]:
+        """(node id, GPU ids) Ray gave this actor: actors with the same pair share a GPU, and their engines
+        start one after another (`launch.processes.joining`)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), tuple(str(g) for g in ray.get_gpu_ids())
+
     def where(self) -> dict:
         return where()

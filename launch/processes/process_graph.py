@@ -21,26 +21,16 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import algos
 from buffer.records import Key
 from configs.schema import RunConfig
 from launch.planning.cluster import cluster_nodes, init_ray, joins_cluster
 from launch.prep.data import RunData
-from launch.processes.roles import LOG_FILE_ENV, LearnerRank, named
-
-
-class LocalRole:
-    """A role object in this process (`--serial`) behind a Ray actor handle's calls:
-    `role.method.remote(...)` runs `method(...)` at once and returns what `ray.get` of it would."""
-
-    def __init__(self, obj):
-        self._obj = obj
-
-    def __getattr__(self, name):
-        return SimpleNamespace(remote=getattr(self._obj, name))
+from launch.processes.joining import EngineStarts, first_failure, shares_gpus, unformed_line
+from launch.processes.roles import LOG_FILE_ENV, LearnerRank, LocalRole, named
 
 
 class RoleLost(RuntimeError):
@@ -52,6 +42,11 @@ class LearnerDied(RuntimeError):
     """A learner rank's process is gone: the run cannot go on without it. The message is one line
     naming the rank, its process, its host and its log; the launcher adds what the run does next
     (`launch.commands.train`)."""
+
+
+class WeightSyncUnformed(RoleLost):
+    """The weight-sync group did not form (an actor could not join learner rank 0's, or the sender gave up
+    waiting): one line naming the role, its error and what to check (`joining.unformed_line`)."""
 
 
 class ProcessGraph:
@@ -69,7 +64,7 @@ class ProcessGraph:
         self.actors: list = []
         self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
         self._train = None  # the training prompts as the actors get them (`start_actors`)
-        self._starting: list = []  # the actors' start calls in flight (`start_actors` -> `await_actors`)
+        self._starting: EngineStarts | list = []  # the actors' starts in flight (`start_actors` -> `await_actors`)
         self._actors_since = 0.0  # monotonic time `start_actors` began
         self.restarts = 0
         self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
@@ -236,13 +231,22 @@ class ProcessGraph:
         self._train = self.data.train if self.serial else self._ray.put(self.data.train)
         self._actors_since = time.monotonic()
         self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
-        self._starting = [a.start.remote() for a in self.actors]
+        self._starting = self._start_engines(list(range(len(self.actors))))
+
+    def _start_engines(self, ids: list[int]) -> EngineStarts | list:
+        """Start the engines of actors `ids`: at once, but those sharing a GPU one after another
+        (`launch.processes.joining`); `--serial` starts them in turn as it calls them."""
+        if self.serial:
+            return [self.actors[i].start.remote() for i in ids]
+        shared = shares_gpus(self.cfg.rollout.gpus_per_actor)
+        keys = self._get([self.actors[i].gpu.remote() for i in ids]) if shared else [None] * len(ids)
+        return EngineStarts(self._ray, ids, lambda i: self.actors[i].start.remote(), keys)
 
     def await_actors(self) -> None:
         """Wait until every engine `start_actors` started is up; says how long it took."""
         if not self.actors:
             return
-        self.pids = self._get(self._starting)
+        self.pids = self._starting if self.serial else [pid for _, pid in sorted(self._starting.wait().items())]
         pids = "" if self.serial else f" (pids {', '.join(map(str, self.pids))})"
         self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - self._actors_since:.0f}s{pids}")
 
@@ -264,15 +268,21 @@ class ProcessGraph:
             for t in threads:
                 t.join()
         else:
+            joins = [a.connect_weight_sync.remote(host, port, token) for a in self.actors]
+            sender = self.ranks[0].connect_sender.remote()
             try:
-                self._get([a.connect_weight_sync.remote(host, port, token) for a in self.actors]
-                          + [self.ranks[0].connect_sender.remote()])
+                self._get(joins + [sender])
             except Exception as e:  # an actor's or the sender's failure (the actors time out if rank 0 died)
                 dead = self._dead_ranks(e)  # a dead rank stops the run as LearnerDied: --max-restarts resumes it
                 if dead:
                     raise LearnerDied(dead) from None
-                raise
+                calls = [(partial(self.actor_named, i), ref) for i, ref in enumerate(joins)] + [(self.rank0_named, sender)]
+                raise WeightSyncUnformed(unformed_line(*first_failure(self._ray, calls, e), (host, port))) from e
         self._get([a.follow_weight_updates.remote() for a in self.actors])
+
+    def rank0_named(self) -> str:
+        was = self._where.get("learner/0", {})
+        return named("learner rank 0", was.get("pid", "?"), was.get("host", "?"), self.log_ref("learner-0", self.ranks[0]))
 
     def start_rollouts(self, which: list[int] | None = None) -> None:
         """Start generating on the actors `which` (all by default)."""
@@ -335,8 +345,8 @@ class ProcessGraph:
         nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
         for i in ids:
             self.actors[i] = self._new_actor(i, skip, version)
-        pids = self._get([self.actors[i].start.remote() for i in ids])
-        for i, pid in zip(ids, pids):
+        starts = self._start_engines(ids)
+        for i, pid in zip(ids, starts) if self.serial else starts.wait().items():
             self.pids[i] = pid
         self.restarts += len(ids)
 

@@ -81,6 +81,19 @@ def named(role: str, pid, host, log) -> str:
     return f"{role} (pid {pid} on {host}" + (f"; log {log})" if log else ")")
 
 
+class LocalRole:
+    """A role object in this process (`--serial`) behind a Ray actor handle's calls:
+    `role.method.remote(...)` runs `method(...)` at once and returns what `ray.get` of it would."""
+
+    def __init__(self, obj):
+        self._obj = obj
+
+    def __getattr__(self, name):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(remote=getattr(self._obj, name))
+
+
 def pin_to_cores(cores: list[int] | None) -> None:
     """Restrict this process (and torch's intra-op pool) to `cores` (no-op when None)."""
     if not cores:
@@ -91,6 +104,19 @@ def pin_to_cores(cores: list[int] | None) -> None:
     torch.set_num_threads(len(cores))
 
 
+def rank0_rendezvous(world_size: int, cluster: bool) -> str | None:
+    """The address learner rank 0 picks for the ranks' process group, on its own node:
+    `tcp://<node_host(cluster)>:<a port free there>`; None for a world of one (no rendezvous:
+    `learner.distributed.init_distributed` gives it an in-process store). `algo-train doctor`'s learner
+    peer starts its process group from the same address, so it binds what rank 0 would."""
+    if world_size == 1:
+        return None
+    from learner.distributed import free_port
+
+    host = node_host(cluster)
+    return f"tcp://{host}:{free_port(host)}"
+
+
 class LearnerRank:
     """One FSDP rank (`learner.Learner`); rank 0 also owns the weight-sync sender.
 
@@ -99,7 +125,7 @@ class LearnerRank:
     are created with it (`rendezvous`). MASTER_ADDR/MASTER_PORT are set to the same address. The
     `Learner` is built on a background thread, since rank 0's `init_process_group` waits for the
     others, which exist only once rank 0 has answered `rendezvous()`; every method waits for the
-    build and raises its error. A world of one rank needs no rendezvous (a private loopback store).
+    build and raises its error. A world of one rank needs no rendezvous (`rank0_rendezvous`).
     Interfaces: see `learner.distributed.init_distributed` (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME).
     """
 
@@ -110,13 +136,11 @@ class LearnerRank:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()  # its weight-loading bar would clobber the progress line
-        from learner.distributed import free_port
         from learner.learner import Learner
 
-        if rank == 0 and world_size > 1:
-            host = node_host(cluster)
-            rendezvous = f"tcp://{host}:{free_port(host)}"
-        elif rank > 0 and rendezvous is None:
+        if rank == 0:
+            rendezvous = rank0_rendezvous(world_size, cluster)
+        elif rendezvous is None:
             raise ValueError(f"learner rank {rank} needs the rendezvous address rank 0 chose")
         if rendezvous is not None:
             url = urlsplit(rendezvous)

@@ -17,7 +17,7 @@ from launch.processes.actor_role import ActorRole, actor_env
 # name -> the positional arguments `ProcessGraph` passes (launch/processes/process_graph.py)
 GRAPH_CALLS = {"start": (), "connect_weight_sync": ("10.0.0.1", 1234, "token"), "follow_weight_updates": (),
                "start_rollouts": (), "stop": (True, 30.0), "evaluate": ([],), "stats": (), "where": (),
-               "delivered_since": (0.0,), "requeue": ([[0, 1]],), "close": ()}
+               "delivered_since": (0.0,), "requeue": ([[0, 1]],), "close": (), "gpu": ()}
 
 
 def test_ray_sees_every_method_the_graph_calls_with_the_graph_s_arguments():

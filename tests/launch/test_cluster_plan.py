@@ -302,3 +302,46 @@ def test_learner_memory_defaults_are_per_device_and_cpu_keeps_its_old_values():
     mine = resolve_auto(resolve("grpo", overrides=["learner.logprob_chunk_tokens=2048",
                                                    "learner.micro_batch_tokens=null"]), gpu_nodes(1))
     assert (mine.learner.logprob_chunk_tokens, mine.learner.micro_batch_tokens) == (2048, None)
+
+
+def test_prompts_in_flight_auto_is_todays_16_on_cpu_and_left_to_the_engines_on_gpus():
+    user = resolve("grpo", flags={"model.path": "/models/q"})  # a user's model: prompts_in_flight auto
+    assert resolve_auto(user, [Node("m", 2, 0, 24)]).rollout.prompts_in_flight == 16  # config.yaml records it
+    assert resolve_auto(user, gpu_nodes(1)).rollout.prompts_in_flight == "auto"  # each actor sizes it at start
+
+
+def test_the_plan_warns_when_the_credit_leaves_gpu_engines_mostly_idle(tmp_path):
+    """The docs' 7B recipe as it stood (PURE: batch 16, n 4) on 8 H100 engines. Ray names each node's GPU type
+    (`accelerator_type:H100`); the estimate takes the smallest H100, 79 GiB (launch.planning.engine_load)."""
+    import json
+
+    model = tmp_path / "q7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(
+        num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+        intermediate_size=18944, max_position_embeddings=4096, tie_word_embeddings=False)))
+    h100 = [Node("10.0.0.1", 96, 8, 1000, {"learner_node": 8, "accelerator_type:H100": 1}),
+            Node("10.0.0.2", 96, 8, 1000, {"actor_node": 8, "accelerator_type:H100": 1})]
+    pin = ["rollout.custom_resources={actor_node: 1}", "learner.custom_resources={learner_node: 1}"]
+
+    def planned(*overrides, nodes=h100):
+        return plan(resolve("pure", flags={"model.path": str(model), "rollout.num_actors": 8, "learner.world_size": 8},
+                            overrides=[*pin, *overrides]), nodes, joined=True)
+
+    (note,) = planned().notes
+    # (0.85 × 79 GiB − 7,615,487,488 × 2 B − 4 GiB) / 57,344 B = 916,849 tokens = 223 sequences of 4,096;
+    # W = (4 + 1) × 16 = 80 groups over 8 actors: 10 prompts × 4 = 40 sequences, 18 % of 223
+    assert note.startswith("[plan] engines mostly idle: each engine keeps at most 10 prompts × 4 = 40 sequences in "
+                           "flight, 18% of the 223 it holds")
+    assert "— raise learner.batch_prompts to 45 or run 2 actors (--actors 2)" in note
+    assert note.endswith("; estimated 916,849 KV tokens per engine (0.85 of a 79 GiB H100 − weights − 4 GiB; each "
+                         "engine prints its own at start)")
+    assert planned("learner.batch_prompts=64", "rollout.n=8").notes == ()  # the PURE paper's 64 × 8: 27 × 8 of 223
+    # no GPU type known (nodes declared by `ray start` flags alone): nothing estimated, nothing said
+    assert planned(nodes=[Node(n.name, 96, 8, 1000, {k: v for k, v in n.custom.items() if "accel" not in k})
+                          for n in h100]).notes == ()
+    # a KV cache the user sized needs no GPU type: 20 GiB / 57,344 B = 374,491 tokens = 91 sequences
+    (note,) = planned("rollout.kv_cache_gib=20", nodes=[Node(n.name, 96, 8, 1000, {k: v for k, v in n.custom.items()
+                                                                                  if "accel" not in k}) for n in h100]).notes
+    assert "of the 91 it holds" in note and "374,491 KV tokens per engine (rollout.kv_cache_gib=20 per GPU" in note
+    assert plan(pure(8, 8), h100).notes == ()  # the built-in tiny model: no shape to estimate from

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from configs.loading import resolve
-from launch.planning.memory_estimate import aux_parameters, learner_memory, start_lines
+from launch.planning.memory_estimate import aux_shapes, learner_memory, run_memory, start_lines
 from launch.planning.model_shape import ModelShape
 from launch.planning.resources import Node, resolve_auto
 
@@ -27,18 +27,25 @@ def test_the_appendix_budget_of_qwen_7b_on_8_ranks():
     assert items["2 layers"] == 2 * 233_053_184 * 2  # 0.93 GB (0.5-1)
     assert items["activations"] == 16384 * (28 * 3584 * 2 + (4 * 3584 + 2 * 18944) * 2)  # 3.29 + 1.71 GB
     assert items["log-prob head"] == 4 * 4096 * 152064 * 4 == pytest.approx(9.97e9, rel=1e-3)  # 7.5-10 GB
-    assert items["push payload"] == p * 2 and items["send buffers"] == 2 * 152064 * 3584 * 2  # 15.2, 2.2 GB
+    assert items["push staging"] == p * 2 and items["send buffers"] == 2 * 152064 * 3584 * 2  # 15.2, 2.2 GB
     # appendix: ≈ 57 GB in full mode, of which the 15.2 GB payload now waits in pinned host memory
     assert m.total(rank0=True) + p * 2 == pytest.approx(57.3e9, rel=2e-3)
     assert m.total(rank0=True) == pytest.approx(42.1e9, rel=2e-3)
     assert m.total(rank0=True) - m.total(rank0=False) == 2 * 152064 * 3584 * 2  # only the send buffers: 2.2 GB
     delta = learner_memory(shape, world=8, tokens=16384, chunk_tokens=4096, checkpointing=True, delta=True)
     assert delta.total(rank0=True) == m.total(rank0=True)  # appendix: ≈ 72 GB, the baseline also in host memory
-    assert sum(b for _, b in delta.rank0_host) == 2 * p * 2  # payload + baseline: 30.5 GB of pinned host memory
+    # N2: pinned staging, exact-size buffers (weightsync.staging): the payload, and a delta's patch arena
+    # as large again, + one 8 KiB page-alignment allowance for the arena: 30.5 GB, not torch's ~58 GB
+    assert sum(b for _, b in delta.rank0_host) == 2 * p * 2 + 8192
     gpu_default = learner_memory(shape, world=8, tokens=16384, chunk_tokens=1024, checkpointing=True)
     assert m.total(True) - gpu_default.total(True) == 3 * 4 * 1024 * 152064 * 4  # the 1024 chunk saves 7.5 GB
-    with_prm = learner_memory(shape, world=8, tokens=16384, chunk_tokens=4096, checkpointing=True, prm_parameters=p)
-    assert with_prm.total(True) > 57e9  # + a whole 7B PRM per rank: 57.3 GB, near an 80 GB GPU's budget
+    # C8: PURE's 7B PRM sharded like the reference: its eighth (1.9 GB) + its root unit whole while it
+    # runs (embedding + head, 2.2 GB) = 4.1 GB per rank, no longer the whole 15.2 GB
+    with_prm = learner_memory(shape, world=8, tokens=16384, chunk_tokens=4096, checkpointing=True, aux=(shape,))
+    assert with_prm.total(True) - m.total(True) == p * 2 / 8 + root * 2 == pytest.approx(4.08e9, rel=1e-3)
+    one_rank = learner_memory(shape, world=1, tokens=16384, chunk_tokens=4096, checkpointing=True, aux=(shape,),
+                              reference=True)
+    assert dict(one_rank.every_rank)["HF PRM"] == dict(one_rank.every_rank)["reference"] == p * 2  # unsharded
 
 
 def test_a_gpu_run_prints_its_estimate_and_a_cpu_run_nothing(tmp_path):
@@ -47,7 +54,10 @@ def test_a_gpu_run_prints_its_estimate_and_a_cpu_run_nothing(tmp_path):
     gpu = resolve_auto(cfg, [Node("g", 96, 16, 1000)])
     (line,) = start_lines(gpu)
     assert line.startswith("[run] learner memory per rank (estimate): rank 0 ≈ ")
-    assert "(12,288-token micro-batches, log-prob chunk 1,024;" in line  # 32 rows × 384 < the 16,384 cap
+    # a user's model gets real-model limits (1,024 + 3,072 tokens): 32 rows × 4,096 > the 16,384-token cap
+    assert (gpu.data.max_prompt_tokens, gpu.rollout.max_response_tokens, gpu.learner.micro_batch_samples) == (1024, 3072, 32)
+    assert "(16,384-token micro-batches, log-prob chunk 1,024;" in line
+    assert line.endswith("rank 0 stages each push in 15.2 GB of pinned host memory (full pushes)")
     assert start_lines(resolve_auto(cfg, [Node("m", 2, 0, 24)])) == []
     shared = resolve_auto(resolve("grpo", overrides=["rollout.gpus_per_actor=0.5",
                                                      "rollout.engine.gpu_memory_utilization=0.4"]),
@@ -55,12 +65,20 @@ def test_a_gpu_run_prints_its_estimate_and_a_cpu_run_nothing(tmp_path):
     assert start_lines(shared)[0].startswith("[run] weight sync over gloo")  # A2's note; built-in model: no estimate
 
 
-def test_the_hf_directories_an_algorithm_loads_count_whole_on_every_rank(tmp_path):
+def test_the_hf_directories_an_algorithm_loads_count_sharded_on_every_rank(tmp_path):
     (tmp_path / "prm").mkdir()
     (tmp_path / "prm" / "config.json").write_text(json.dumps(QWEN_7B))
-    p = 2 * 152064 * 3584 + 28 * 233_053_184 + 3584  # the 7B of the appendix test
     pure = resolve("pure", overrides=["pure.prm=hf", f"pure.prm_path={tmp_path / 'prm'}"])
-    assert aux_parameters(pure) == p  # PURE's HF PRM (AlgoSpec.files: pure.prm_path, hf_dir)
-    assert aux_parameters(resolve("grpo")) == 0  # names no HF directory
+    assert aux_shapes(pure) == (ModelShape.from_config(QWEN_7B),)  # PURE's HF PRM (AlgoSpec.files: hf_dir)
+    assert aux_shapes(resolve("grpo")) == ()  # names no HF directory
     (tmp_path / "prm" / "config.json").write_text("{")
-    assert aux_parameters(pure) == 0  # unreadable: no estimate for it, no error before start
+    assert aux_shapes(pure) == ()  # unreadable: no estimate for it, no error before start
+
+
+def test_the_reference_counts_when_the_algorithm_asks_for_it(tmp_path):
+    """PURE's KL is pure.kl_coef, not loss.kl_coef: the estimate asks the algorithm (`requires`), as the
+    learner does, whether a reference model is built."""
+    shape = ModelShape.from_config(QWEN_7B)
+    with_kl = resolve("pure", overrides=["pure.kl_coef=0.01", "loss.kl_coef=0"])
+    assert "reference" in dict(run_memory(with_kl, shape).every_rank)
+    assert "reference" not in dict(run_memory(resolve("pure", overrides=["pure.kl_coef=0"]), shape).every_rank)

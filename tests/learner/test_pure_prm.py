@@ -7,8 +7,16 @@ import torch
 from transformers import LlamaConfig, LlamaForTokenClassification
 
 from learner.learner import Learner
-from learner.pure_prm import HFTokenClassificationPRM, RuleStepChecker, make_prm, score_response, token_texts
+from learner.pure_prm import (
+    HFTokenClassificationPRM,
+    RuleStepChecker,
+    make_prm,
+    score_response,
+    token_batches,
+    token_texts,
+)
 from tests.learner.helpers import make_cfg, make_groups
+from tests.learner.local_ranks import LearnerGroup, spawn_ranks
 
 SOLUTION = "2+7+0=9, 9\n\n1+0+0=1, 19\n\n\\boxed{19}"  # Problem(12, "+", 7).solution
 
@@ -123,12 +131,104 @@ def test_hf_prm_scores_many_rows_per_forward(hf_prm_dir):
         np.testing.assert_allclose(got, prm.score_batch([item])[0], atol=1e-5, rtol=0)
 
 
+def test_token_batches_cap_rows_and_padded_tokens():
+    # ascending lengths 10, 20, 30, 500, 600 under 4 rows and 1,000 tokens (rows × longest):
+    # 10+20+30 → 3 × 30 = 90; 500 would make 4 × 500 = 2,000 > 1,000: a new batch; 600: 2 × 600 > 1,000
+    assert token_batches([10, 20, 30, 500, 600], 4, 1000) == [[0, 1, 2], [3], [4]]
+    assert token_batches([10, 20, 30, 500, 600], 4, None) == [[0, 1, 2, 3], [4]]  # the row cap only
+    assert token_batches([2000], 4, 1000) == [[0]]  # a row over the budget goes alone
+
+
+def test_the_hf_prm_batches_long_rows_by_tokens(hf_prm_dir):
+    """N10: the PRM's forwards were cut by rows only (`learner.micro_batch_samples`, 32 in pure.yaml: 32
+    rows of 4 k tokens hold ~15 GB of a 7B PRM's MLP transients). With the learner's token budget (here
+    `learner.micro_batch_tokens=200`), 6 long rows of 80-90 tokens under a cap of 8 rows go 2 per forward
+    (3 × 90 > 200), and the short ones still share one; the scores are those of one forward each."""
+    cfg = make_cfg("pure", pure={"prm": "hf", "prm_path": str(hf_prm_dir)},
+                   learner={"micro_batch_samples": 8, "micro_batch_tokens": 200})
+    prm = make_prm(cfg, torch.device("cpu"))
+    assert (prm.batch_rows, prm.batch_tokens) == (8, 200)
+    long = [("ab", "x" * n + "\n\n", [(0, n + 2)]) for n in (80, 82, 84, 86, 88, 78)]  # 2 + n + 1 tokens
+    short = [("ab", "xy", [(0, 2)]), ("ab", "z", [(0, 1)])]
+    calls = []
+    forward = prm.model.forward
+    prm.model.forward = lambda *a, **k: calls.append(tuple(k["input_ids"].shape)) or forward(*a, **k)
+    batched = prm.score_batch(long + short)
+    del prm.model.forward
+    # the character tokenizer: "ab" + n "x" + the tag = n + 3 tokens; sorted: 5, 4 | 81, 83 | 85, 87 | 89, 91
+    assert calls == [(2, 5), (2, 83), (2, 87), (2, 91)]
+    assert all(rows * width <= 200 for rows, width in calls[1:])
+    for got, item in zip(batched, long + short):
+        np.testing.assert_allclose(got, prm.score_batch([item])[0], atol=1e-5, rtol=0)
+
+
+ITEMS = [("What is 1+1?", "1+1=2\n\n\\boxed{2}", [(0, 7), (7, 16)]),
+         ("ab", "x", [(0, 1)]),
+         ("What is 12+7?", SOLUTION, [(0, 12), (12, 25), (25, 35)]),
+         ("q", "yz\n\nw", [(0, 4), (4, 5)])]
+
+
+def _sharded_scores(rank: int, world: int, prm_dir: str) -> dict:
+    """One rank of a PRM sharded over `world` ranks; rank 0 scores 3 items (2 forwards of 2 rows at most),
+    rank 1 one (1 forward): rank 1 must join rank 0's second forward."""
+    from torch.distributed.tensor import DTensor
+
+    from learner.distributed import init_distributed
+    from learner.fsdp import make_mesh
+
+    init_distributed(rank, world, torch.device("cpu"), timeout_s=120)
+    prm = HFTokenClassificationPRM(prm_dir, batch_rows=2, mesh=make_mesh(torch.device("cpu"), world))
+    params = list(prm.model.parameters())
+    scores = prm.score_batch(ITEMS[:3] if rank == 0 else ITEMS[3:])
+    return {"scores": scores, "all_sharded": all(isinstance(p, DTensor) for p in prm.model.parameters()),
+            "local": sum(p.to_local().numel() for p in params), "total": sum(p.numel() for p in params),
+            "grad": any(p.requires_grad for p in params)}
+
+
+@pytest.mark.slow
+def test_the_hf_prm_shards_over_the_learner_ranks_like_the_reference(hf_prm_dir):
+    """C8: every rank held a whole PRM (15.2 GB for a 7B on each GPU). Sharded with FSDP2 over 2 gloo ranks,
+    each rank holds about half of it, the ranks run equal numbers of forwards (rank 1, with fewer rows,
+    joins rank 0's second one), the root unit is resharded afterwards, and the scores equal the whole
+    PRM's (fp32, within the padded kernels' rounding)."""
+    ranks = spawn_ranks(_sharded_scores, 2, str(hf_prm_dir), timeout_s=300)
+    whole = HFTokenClassificationPRM(hf_prm_dir, batch_rows=2).score_batch(ITEMS)
+    for got, want in zip(ranks[0]["scores"] + ranks[1]["scores"], whole):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for r in ranks:
+        assert r["all_sharded"] and not r["grad"]
+        assert r["local"] <= r["total"] // 2 + 64  # its half of every tensor (the odd row to rank 0)
+
+
+def _prm_is_sharded(learner) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return all(isinstance(p, DTensor) for p in learner.providers["process_rewards"].prm.model.parameters())
+
+
+@pytest.mark.slow
+def test_a_pure_step_on_two_ranks_scores_as_one_rank_with_the_prm_sharded(tiny_dir, tokenizer, hf_prm_dir):
+    """The learner shards the PRM when it shards the policy (2 ranks) and the step's PRM scores equal a
+    single rank's, whose PRM stays whole."""
+    cfg = make_cfg("pure", pure={"prm": "hf", "prm_path": str(hf_prm_dir)})
+    groups = make_groups(tokenizer, 2, 4)
+    with LearnerGroup(cfg, 2, str(tiny_dir), timeout_s=300) as group:
+        two = group.step(groups, 0)
+        assert group.call(_prm_is_sharded) == [True, True]
+    one_learner = Learner(cfg, 0, 1, tiny_dir)
+    assert not _prm_is_sharded(one_learner)
+    one = one_learner.step(groups, 0)
+    for k in ("pure/step_score_mean", "pure/min_step_score"):
+        assert two[k] == pytest.approx(one[k], abs=1e-5), k
+
+
 def test_pure_prm_runs_in_the_compute_dtype(hf_prm_dir):
     """make_prm loads the HF PRM in the dtype it is given (the learner passes model.dtype resolved:
     bfloat16 on a GPU); bf16 scores stay within bf16 rounding (2e-2) of the fp32 ones."""
     cfg = make_cfg("pure", pure={"prm": "hf", "prm_path": str(hf_prm_dir)})
     prm16 = make_prm(cfg, torch.device("cpu"), torch.bfloat16)
     assert prm16.model.dtype == torch.bfloat16 and prm16.batch_rows == cfg.learner.micro_batch_samples
+    assert prm16.batch_tokens is None  # micro_batch_tokens auto on a CPU learner: the row cap only
     item = ("What is 12+7?", SOLUTION, [(0, 12), (12, 25), (25, 35)])
     np.testing.assert_allclose(prm16.score_steps(*item), make_prm(cfg, torch.device("cpu")).score_steps(*item),
                                atol=2e-2, rtol=0)

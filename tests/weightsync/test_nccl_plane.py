@@ -18,10 +18,11 @@ from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitI
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseNCCLWeightTransferUpdateInfo
 
+from weightsync import push_outcome
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.nccl import engine as nccl_engine
 from weightsync.nccl import plane as nccl_plane
-from weightsync.nccl.engine import ImpalaNcclWeightTransferEngine, vllm_update_info
+from weightsync.nccl.engine import ImpalaNcclWeightTransferEngine, dense_update_info, sparse_update_infos
 from weightsync.nccl.plane import (
     NCCL_UNIQUE_ID_BYTES,
     NcclPlane,
@@ -34,7 +35,7 @@ from weightsync.nccl.plane import (
     rank_offset,
 )
 from weightsync.packing import Patch
-from weightsync.plane import Payload
+from weightsync.plane import Payload, PlaneContext
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
     WeightSyncError,
@@ -42,6 +43,7 @@ from weightsync.protocol import (
     key_abort,
     key_heartbeat,
     key_worker,
+    post_nack,
 )
 
 UID = bytes(range(NCCL_UNIQUE_ID_BYTES))
@@ -58,11 +60,13 @@ class FakeComm:
         self.device = torch.device("cpu")
         self.sent: list[torch.Tensor] = []
         self.destroyed = 0
+        self.after_destroy = 0  # broadcasts issued once destroy began (undefined on a real communicator)
         self.stall, self.abort_unblocks = stall, abort_unblocks
         self.release = threading.Event()
 
     def broadcast(self, tensor, src, stream=None):
         assert src == 0
+        self.after_destroy += self.destroyed > 0
         self.sent.append(tensor.clone())
         if self.stall:
             self.release.wait(60)
@@ -191,15 +195,15 @@ def test_update_payload_goldens():
 def test_update_payloads_parse_as_vllm_infos():
     engine = make_engine()
     dense = engine.parse_update_info({"version": 7, "seq": 3, **nccl_update_info(dense_payload())})
-    assert vllm_update_info(dense) == NCCLWeightTransferUpdateInfo(
+    assert dense_update_info(dense) == NCCLWeightTransferUpdateInfo(
         names=["a.weight", "b.bias"], dtype_names=["bfloat16", "float32"], shapes=[[2, 3], [4]])
     delta = engine.parse_update_info({"version": 8, "seq": 4, **nccl_update_info(delta_payload())})
-    assert vllm_update_info(delta) == SparseNCCLWeightTransferUpdateInfo(
+    assert sparse_update_infos(delta) == [SparseNCCLWeightTransferUpdateInfo(
         names=["a.weight", "b.bias"], dtype_names=["bfloat16", "float32"], shapes=[[2, 3], [4]],
-        num_updates_list=[2, 1])
+        num_updates_list=[2, 1])]
     empty = engine.parse_update_info({"version": 9, "seq": 5, **nccl_update_info(
         Payload(version=9, seq=5, full=None, patches=[]))})
-    assert vllm_update_info(empty) is None
+    assert sparse_update_infos(empty) == []
     with pytest.raises(ValueError, match="kind"):
         engine.parse_update_info({"version": 1, "seq": 1, "kind": "sparse", "names": [], "dtype_names": [],
                                   "shapes": []})
@@ -341,7 +345,7 @@ def test_engine_init_joins_registers_and_beats(engine, store):
     assert (info.rank_offset, info.world_size, info.nccl_unique_id_bytes) == (2, 3, UID)  # 1+(2-1)*1; 1+2*1
     assert (engine._dense.packed, engine._dense.packed_buffer_size_bytes, engine._dense.packed_num_buffers) == (
         True, 4096, 3)
-    assert engine._sparse.model_update_group is engine.test_comm is engine.communicator
+    assert engine._sparse.model_update_group is engine.communicator and engine.communicator.comm is engine.test_comm
     g = group_store(store, "grp/")
     assert g.check([key_worker(2)])
     deadline = time.monotonic() + 10
@@ -494,3 +498,122 @@ def test_engine_watches_the_push_for_the_senders_deadline(engine, calls, monkeyp
     with pytest.raises(WeightSyncError, match="push #3 not received within 1.5 s"):
         engine.update_weights({"version": 7, "seq": 3, **nccl_update_info(dense_payload()), "deadline_s": 1.5})
     assert 1.5 <= time.monotonic() - t0 < 1.5 + SLACK_S
+
+
+# ---------------------------------------------------------------------------- N7: dtypes
+@pytest.mark.parametrize("payload, name", [
+    (Payload(version=1, seq=1, full=[("a.weight", torch.zeros(2)), ("model.not_sendable",
+                                                                      torch.zeros(2, dtype=torch.complex64))]),
+     "model.not_sendable"),
+    (Payload(version=1, seq=1, full=None, patches=[Patch("w8", torch.tensor([0], dtype=torch.int32),
+                                                         torch.zeros(1, dtype=torch.float8_e4m3fn), (2,))]),
+     "w8"),
+])
+def test_a_dtype_gloo_could_not_send_is_refused_before_the_push_is_announced(payload, name):
+    """vLLM's packed producer sends any dtype as bytes (complex64 included): the push would fail only in
+    every engine's loader, after they all paused. Refused here, as gloo's packer refuses it, naming the
+    tensor; ``update_info`` runs before the announcement (``WeightSender.send``)."""
+    with pytest.raises(TypeError, match=f"tensor '{name}': dtype torch.* cannot be sent; supported: "):
+        fake_plane([FakeComm()]).update_info(payload)
+
+
+# ---------------------------------------------------------------------------- N5: the gate
+def test_a_send_woken_by_the_abort_never_broadcasts_again():
+    """The deadline destroys the communicator; like ncclCommAbort, that ends the stalled broadcast and
+    the abandoned send thread goes on with the next patch. It must not reach the communicator again
+    (on a real one: a broadcast on a communicator being aborted or freed)."""
+    comm = FakeComm(stall=True)
+    plane = fake_plane([comm])
+    plane.init_info(1)
+    plane.connect(timeout_s=5)
+    with pytest.raises(WeightSyncError, match="deadline"):
+        plane.send(delta_payload(), timeout_s=0.3)
+    for t in threading.enumerate():
+        if t.name.startswith("weightsync-nccl: NCCL broadcast"):
+            t.join(SLACK_S)
+    assert comm.destroyed == 1 and len(comm.sent) == 1 and comm.after_destroy == 0
+
+
+def test_an_engine_receive_woken_by_the_abort_never_broadcasts_again(engine, calls, monkeypatch, store):
+    """Worker side: vLLM's consumer holds the group it was given and loops over its buckets; after the
+    sender's abort key destroyed the communicator, its next broadcast is refused."""
+    comm = engine.test_comm
+    comm.stall = True
+
+    def consumer(info):
+        group = engine._dense.model_update_group
+        for _ in range(3):
+            group.broadcast(torch.zeros(4), src=0)
+
+    monkeypatch.setattr(engine._dense, "receive_weights", consumer)
+    group_store(store, "grp/").set(key_abort(3), "rank 1 stalled")
+    with pytest.raises(WeightSyncError, match=f"rank 2: {ABORTED_BY_SENDER}: rank 1 stalled"):
+        engine.update_weights({"version": 7, "seq": 3, **nccl_update_info(dense_payload())})
+    assert comm.destroyed == 1 and comm.after_destroy == 0
+
+
+# ---------------------------------------------------------------------------- N11: cancel on a failed receiver
+def beat(store, ranks: list[int], stop: threading.Event, dead: dict[int, float]) -> threading.Thread:
+    """Heartbeats of ``ranks`` every 0.1 s; rank r stops beating ``dead[r]`` seconds in (its process died)."""
+    t0 = time.monotonic()
+
+    def run():
+        while not stop.wait(0.1):
+            for r in ranks:
+                if time.monotonic() - t0 < dead.get(r, float("inf")):
+                    store.add(key_heartbeat(r), 1)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("failure", ["nack", "dead"])
+def test_a_push_is_cancelled_soon_after_a_receiver_fails(store, monkeypatch, failure):
+    """A receiver that nacks (its load failed) or dies mid-push leaves the broadcast; the others would
+    wait in it, paused, until its 30 s deadline here (212 s for a 7B model at the defaults). The sender
+    reads the outcome counter and the heartbeats while it waits and aborts within seconds. (Heartbeat
+    stall window 1 s here instead of 10.)"""
+    monkeypatch.setattr(push_outcome, "ACK_STALL_S", 1.0)
+    comm = FakeComm(stall=True)
+    plane = fake_plane([comm], store=store)
+    plane.init_info(1)
+    plane.connect(timeout_s=5)
+    stop = threading.Event()
+    beat(store, [1, 2], stop, dead={2: 0.5} if failure == "dead" else {})
+    if failure == "nack":
+        threading.Timer(0.3, post_nack, (store, 4, 2, "ValueError('no parameter model.x')")).start()
+        why = r"was cancelled: rank 2 .* failed to load it: ValueError\('no parameter model.x'\)"
+    else:
+        why = r"was cancelled: rank 2 .* has had no heartbeat for 1 s \(process dead or frozen\)"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncError, match=rf"push #4\) {why}; NCCL communicator aborted"):
+            plane.send(delta_payload(), timeout_s=30)
+    finally:
+        stop.set()
+        plane.abort()  # the old code: still in the broadcast
+    assert time.monotonic() - t0 < 10  # well before the 30 s deadline
+    assert comm.destroyed == 1
+
+
+def test_the_senders_plane_watches_the_group_store(store):
+    ctx = PlaneContext(store, "127.0.0.1", store.port, "grp/", num_receivers=2, tp=1, bucket_bytes=64,
+                       timeout_s=1.0, connect_timeout_s=1.0, mirror=True)
+    assert NcclPlane.for_sender(ctx).store is store
+
+
+# ---------------------------------------------------------------------------- C3: a delta received in chunks
+def test_a_delta_is_received_in_chunks_of_bounded_memory(engine, calls):
+    """vLLM's sparse receive allocates every patch of its update info before applying any, so the whole
+    delta was on each engine's GPU at once. Received in calls of at most 512 MiB (536870912 bytes) of
+    int32 indices + bf16 values (6 bytes per changed element): 40 M + 40 M changed = 480 MB fit, + 10 M
+    (60 MB) would not; 10 M alone; 100 M (600 MB) is one patch larger than a chunk, alone; then 1 M."""
+    counts = [40_000_000, 40_000_000, 10_000_000, 100_000_000, 1_000_000]
+    names = [f"w{i}" for i in range(5)]
+    engine.update_weights({"version": 8, "seq": 4, "kind": "delta", "names": names, "dtype_names": ["bfloat16"] * 5,
+                           "shapes": [[n] for n in counts], "num_updates_list": counts})
+    received = [(info.names, info.num_updates_list) for kind, info in calls if kind == "sparse"]
+    assert received == [(["w0", "w1"], counts[:2]), (["w2"], counts[2:3]), (["w3"], counts[3:4]), (["w4"], counts[4:])]
+    assert nccl_engine.PATCH_CHUNK_BYTES == 512 << 20
+    assert max(6 * sum(c) for _, c in received if len(c) > 1) <= 512 << 20

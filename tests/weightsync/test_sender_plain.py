@@ -10,8 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from tests.weightsync.fake_cuda import FakeOps
 from tests.weightsync.plain_procs import start_plain_receivers, stop
 from weightsync import WeightSender, WeightSyncError
+from weightsync import sender as sender_mod
+from weightsync.staging import StagingArea
 
 TIMEOUT_S = 4.0
 TOKEN = "a1" * 32  # the run's weight-sync token (RunSecrets.weight_sync_token: 64 hex digits)
@@ -56,6 +59,23 @@ def test_push_reaches_every_receiver_and_is_acknowledged(procs):
     assert sender.versions == {"rx-a": 4, "rx-b": 4}
     for p in procs:
         assert p.wait(timeout=30) == 0, p.stderr.read().decode()[-2000:]
+
+
+def test_pushes_reuse_their_staging_memory(procs, monkeypatch):
+    """A GPU learner's pushes are staged in host memory that the first push allocates (one buffer per
+    tensor, of its size) and each later push overwrites once the one before it was sent; every push
+    still arrives intact. (CPU tensors staged as device ones would be: ``FakeOps``.)"""
+    ops = FakeOps(stage_cpu=True)
+    monkeypatch.setattr(sender_mod, "StagingArea", lambda: StagingArea(ops))
+    sender = WeightSender(1, bucket_mb=0.5, timeout_s=30, connect_timeout_s=120, token=TOKEN)
+    _connect(sender, procs, ["rx"], pushes=3, checksum=True)
+    for version in (5, 6, 7):
+        stats = sender.send(sender.prepare(iter(_weights(version)), version=version))
+        expected = sum(float(t.double().sum()) for _, t in _weights(version))
+        assert stats["ack_info"]["rx"]["checksum"] == pytest.approx(expected, rel=1e-9)
+    sender.close()
+    # 24 fp32 256 x 256 matrices (262144 bytes each) and a bf16 vector of 256 (512 bytes), once
+    assert ops.allocations() == [262144] * 24 + [512]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])

@@ -9,7 +9,8 @@ What is vLLM's and what is ours:
   applied in place by ``load_checkpoint_weight_patches``). We hold one of each of vLLM's engines and
   hand both the same communicator.
 - Ours: one backend name for both kinds (the update info's ``kind`` picks per push, so delta and full
-  pushes share one group), the control-plane fields and liveness of ``weightsync.gloo.engine`` (this
+  pushes share one group), a delta received in chunks that bound its memory (``sparse_update_infos``),
+  the control-plane fields and liveness of ``weightsync.gloo.engine`` (this
   class extends it: worker key, ``Heartbeat``, layerwise-reload bookkeeping and its rollback on
   failure), and deadlines: the rendezvous waits at most ``connect_timeout_s``, and a push is watched
   so that the sender's abort key or ``timeout_s`` (+ ``RECEIVER_GRACE_S``) destroys the communicator
@@ -49,12 +50,8 @@ from vllm.distributed.weight_transfer.sparse_nccl_engine import (
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.gloo.engine import GlooWeightTransferEngine
 from weightsync.liveness import Heartbeat, abort_probe
-from weightsync.nccl.plane import (
-    KIND_DELTA,
-    KIND_FULL,
-    call_with_deadline,
-    on_device,
-)
+from weightsync.nccl.comm import GatedCommunicator, call_with_deadline, on_device
+from weightsync.nccl.plane import KIND_DELTA, KIND_FULL
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
     WeightSyncError,
@@ -69,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 RECEIVER_GRACE_S = 5.0  # a receiver gives the sender's deadline this much slack before aborting itself
 WATCH_PERIOD_S = 0.1  # how often a receiving worker polls the sender's abort key (as the gloo engine does)
+PATCH_CHUNK_BYTES = 512 << 20  # receive buffers of one sparse receive call (``sparse_update_infos``)
 
 
 @dataclass(kw_only=True)
@@ -114,17 +112,45 @@ class ImpalaNcclUpdateInfo(WeightTransferUpdateInfo):
             raise ValueError("a delta update needs num_updates_list")
 
 
-def vllm_update_info(
-        info: ImpalaNcclUpdateInfo) -> NCCLWeightTransferUpdateInfo | SparseNCCLWeightTransferUpdateInfo | None:
-    """vLLM's typed update info for the push (its constructors check the list lengths); ``None`` for a
-    delta that changes nothing (vLLM's sparse schema refuses an empty patch list)."""
-    if info.kind == KIND_FULL:
-        return NCCLWeightTransferUpdateInfo(names=info.names, dtype_names=info.dtype_names,
-                                            shapes=info.shapes)
-    if not info.names:
-        return None
-    return SparseNCCLWeightTransferUpdateInfo(names=info.names, dtype_names=info.dtype_names,
-                                              shapes=info.shapes, num_updates_list=info.num_updates_list)
+def dense_update_info(info: ImpalaNcclUpdateInfo) -> NCCLWeightTransferUpdateInfo:
+    """vLLM's typed update info for a full push (its constructor checks the list lengths)."""
+    return NCCLWeightTransferUpdateInfo(names=info.names, dtype_names=info.dtype_names, shapes=info.shapes)
+
+
+def sparse_update_infos(info: ImpalaNcclUpdateInfo,
+                        chunk_bytes: int = PATCH_CHUNK_BYTES) -> list[SparseNCCLWeightTransferUpdateInfo]:
+    """A delta push as vLLM sparse update infos, one per receive call: consecutive patches whose
+    receive buffers (an int32 index and a value per changed element) total at most ``chunk_bytes``,
+    a larger patch alone; none for a delta that changes nothing (vLLM refuses an empty patch list).
+
+    Why chunks: vLLM's ``SparseNCCLWeightTransferEngine.receive_weights`` allocates the indices and
+    values of every patch of its update info and receives them all before it applies any
+    (``sparse_nccl_engine.py``). Given a whole delta just under the 1/3 dense fallback of a 7B
+    model, that is 7.6e9 x 1/3 x (4 + 2) B = 15.2 GB on each engine's GPU at once, against the
+    ~12 GB an 80 GB GPU leaves outside vLLM's 0.85 budget: every delta with more than about
+    12 / (7.6 x 6) = 26 % of its elements changed would run the engines out of memory. Received in
+    chunks of 512 MiB (the loader's own batch target, ``checkpoint_weight_patch``), what a delta
+    holds at once is one chunk, or one patch: at most 3 x its tensor's dense size (every element
+    changed; 3.3 GB for the 1.09 GB embedding), plus the transients of applying it as before (a
+    full-shape tensor per loader batch, an index sort). The wire and the sender do not change: the
+    patches arrive in the same order, and the receives of chunk k+1 start when chunk k is applied."""
+    chunks: list[SparseNCCLWeightTransferUpdateInfo] = []
+    start, total = 0, 0
+    for i, (dtype, n) in enumerate(zip(info.dtype_names, info.num_updates_list, strict=True)):
+        size = n * (4 + getattr(torch, dtype).itemsize)
+        if i > start and total + size > chunk_bytes:
+            chunks.append(_sparse_slice(info, start, i))
+            start, total = i, 0
+        total += size
+    if start < len(info.names):
+        chunks.append(_sparse_slice(info, start, len(info.names)))
+    return chunks
+
+
+def _sparse_slice(info: ImpalaNcclUpdateInfo, lo: int, hi: int) -> SparseNCCLWeightTransferUpdateInfo:
+    return SparseNCCLWeightTransferUpdateInfo(names=info.names[lo:hi], dtype_names=info.dtype_names[lo:hi],
+                                              shapes=info.shapes[lo:hi],
+                                              num_updates_list=info.num_updates_list[lo:hi])
 
 
 class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
@@ -160,9 +186,9 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
                 return worker_init_process_group(init_info, self.parallel_config)
 
         try:
-            comm = call_with_deadline(join, init_info.connect_timeout_s,
-                                      f"rank {init_info.rank}: NCCL rendezvous with the learner",
-                                      on_late=lambda late: late.destroy())
+            comm = GatedCommunicator(call_with_deadline(join, init_info.connect_timeout_s,
+                                                        f"rank {init_info.rank}: NCCL rendezvous with the learner",
+                                                        on_late=lambda late: late.destroy()))
         except WeightSyncError:
             self.shutdown()  # no group: stop beating, so the control plane does not count us alive
             raise
@@ -174,7 +200,9 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
                     init_info.rank, init_info.rank_offset, init_info.world_size)
 
     def _drop_communicator(self) -> None:
-        """Destroy the communicator (vLLM's ``destroy``: ``ncclCommAbort``); idempotent, any thread."""
+        """Destroy the communicator (its gate closes, then vLLM's ``destroy``: ``ncclCommAbort``; a
+        receive it wakes fails at its next broadcast, ``comm.GatedCommunicator``); idempotent, any
+        thread."""
         with self._comm_lock:
             comm = self._dense.model_update_group
             self._dense.model_update_group = self._sparse.model_update_group = None
@@ -205,16 +233,18 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
 
     def receive_weights(self, update_info: ImpalaNcclUpdateInfo) -> None:
         """``full``: start vLLM's layerwise reload and run vLLM's packed dense receive; ``delta``: vLLM's
-        sparse receive, in place. Then wait for the device (vLLM's base ``update_weights`` does the
-        same; skipped off CUDA, where there is nothing to wait for)."""
+        sparse receive, in place, one call per chunk of patches (``sparse_update_infos``). Then wait
+        for the device (vLLM's base ``update_weights`` does the same; skipped off CUDA, where there is
+        nothing to wait for)."""
         self._require_communicator()
-        typed = vllm_update_info(update_info)
         if update_info.kind == KIND_FULL:
+            typed = dense_update_info(update_info)
             if not self._reload_active:
                 super().start_weight_update()
             self._dense.receive_weights(typed)
-        elif typed is not None:
-            self._sparse.receive_weights(typed)
+        else:
+            for chunk in sparse_update_infos(update_info):
+                self._sparse.receive_weights(chunk)
         if self.device.type == "cuda":
             torch.accelerator.synchronize()
 

