@@ -122,7 +122,8 @@ class AsyncActor(WeightUpdates):
         self.sampler = GroupSampler(
             self.engine, tokenizer,
             SamplingSettings.from_config(r),
-            name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id)
+            name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id,
+            salt_version=None if self.cfg.weight_sync.clear_cache else lambda: self.version)  # kept KV: salted prefixes
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
         self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)

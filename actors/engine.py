@@ -83,8 +83,10 @@ class EngineSpec:
         directly, e.g. in a test) are decided for this process: GPUs when CUDA is available. The
         weight-sync backend is not among them: it depends on the learner's GPUs too, so only the launch
         resolves it (`launch.planning.resources.resolve_auto`), and an engine with weight transfer refuses "auto".
-        Prefix caching is off when `weight_sync.clear_cache` is false: pushes then leave the cache in place,
-        and a cached prefix would serve later requests under weights any number of versions old.
+        Prefix caching is `rollout.engine.enable_prefix_caching` (null: vLLM's default, on) whatever
+        `weight_sync.clear_cache` says: where pushes leave the cache in place (false), the actor salts every
+        request with the weight version it starts under (`actors.generate.request_prompt`), so no request
+        reuses a prefix cached under older weights.
         """
         r, e = cfg.rollout, cfg.rollout.engine
         gpus = r.gpus_per_actor
@@ -106,7 +108,7 @@ class EngineSpec:
             tensor_parallel_size=e.tensor_parallel_size,
             gpu_memory_utilization=e.gpu_memory_utilization,
             max_num_seqs=e.max_num_seqs,
-            enable_prefix_caching=False if not cfg.weight_sync.clear_cache else e.enable_prefix_caching,
+            enable_prefix_caching=e.enable_prefix_caching,
             trust_remote_code=cfg.model.trust_remote_code,
         )
         for k, v in overrides.items():

