@@ -98,7 +98,8 @@ def _child(spec: str, run_dir: str) -> int:
     from launch.loop.graph import run_graph
     from launch.loop.progress import Progress
     from launch.planning.resources import ResourceError
-    from launch.processes.process_graph import LearnerDied, RoleLost
+    from launch.processes.learner_ranks import LearnerDied
+    from launch.processes.process_graph import RoleLost
     from launch.state.storage import StorageError
 
     cfg = RunConfig.model_validate_json(Path(spec).read_text())

@@ -30,6 +30,7 @@ from configs.schema import RunConfig
 from launch.planning.cluster import cluster_nodes, init_ray, joins_cluster
 from launch.prep.data import RunData
 from launch.processes.joining import EngineStarts, first_failure, shares_gpus, unformed_line
+from launch.processes.learner_ranks import LearnerDied, LearnerRanks
 from launch.processes.roles import LOG_FILE_ENV, LearnerRank, LocalRole, named
 
 
@@ -38,18 +39,12 @@ class RoleLost(RuntimeError):
     message is one line naming the process, why, and its log; the launcher adds how to go on."""
 
 
-class LearnerDied(RuntimeError):
-    """A learner rank's process is gone: the run cannot go on without it. The message is one line
-    naming the rank, its process, its host and its log; the launcher adds what the run does next
-    (`launch.commands.train`)."""
-
-
 class WeightSyncUnformed(RoleLost):
     """The weight-sync group did not form (an actor could not join learner rank 0's, or the sender gave up
     waiting): one line naming the role, its error and what to check (`joining.unformed_line`)."""
 
 
-class ProcessGraph:
+class ProcessGraph(LearnerRanks):
     def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print,
                  log_dir: Path | None = None):
         """secrets: the run's client credentials (`RunSecrets.public()`) handed to every actor; the
@@ -131,85 +126,6 @@ class ProcessGraph:
             opts["runtime_env"] = {"env_vars": env}
         return self._ray.remote(cls).options(**opts).remote
 
-    # ------------------------------------------------------------------ learner
-    def start_learner(self, rank_cores: list, *, cluster: bool, weight_sync_token: str) -> None:
-        """Create the learner ranks: rank 0 first, which picks the ranks' rendezvous on its own node
-        (its node IP when `cluster`, loopback on a single machine; see `LearnerRank`), then the others
-        with that address. They build their learners in the background (methods wait for them).
-        `weight_sync_token` (`RunSecrets.weight_sync_token`) is kept for `connect_weight_sync`."""
-        lc, w = self.cfg.learner, self.cfg.learner.world_size
-        self._weight_sync_token = weight_sync_token
-        def make(r: int):
-            return self._make(LearnerRank, num_cpus=lc.cpus_per_rank, num_gpus=lc.gpus_per_rank, max_concurrency=2,
-                              role=f"learner-{r}")
-
-        first = make(0)(self.cfg, 0, w, str(self.model_dir), rank_cores[0], cluster)
-        rendezvous = self._get(first.rendezvous.remote())
-        self.ranks = [first] + [make(r)(self.cfg, r, w, str(self.model_dir), rank_cores[r], cluster, rendezvous)
-                                for r in range(1, w)]
-
-    def _on_ranks(self, futures):
-        """`_get(futures)` of learner-rank calls; a rank whose process died raises `LearnerDied`."""
-        if self.serial:
-            return futures
-        try:
-            return self._get(futures)
-        except self._ray.exceptions.RayActorError as e:
-            raise LearnerDied(self._dead_ranks(e) or f"a learner rank died (process gone: {type(e).__name__})") from None
-
-    def _dead_ranks(self, error: BaseException) -> str:
-        """'learner rank 1 (pid 4242 on vm; log run/logs/learner-1.log) died (process gone: ActorDiedError)':
-        the ranks that do not answer, as last seen by `where` (a SIGKILLed rank leaves no last words, so
-        the line names its log rather than quoting it); '' when every rank answers."""
-        dead = []
-        for r, h in enumerate(self.ranks):
-            try:
-                self._ray.get(h.where.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - gone, or not answering: either way it cannot train
-                was = self._where.get(f"learner/{r}", {})
-                dead.append(named(f"learner rank {r}", was.get("pid", "?"), was.get("host", "?"),
-                                  self.log_ref(f"learner-{r}", h)))
-        return f"{' and '.join(dead)} died (process gone: {type(error).__name__})" if dead else ""
-
-    def check_learner(self, timeout_s: float = 60.0) -> None:
-        """Raise `LearnerDied` when a learner rank's process is gone or does not answer within `timeout_s`
-        (a rank answers `where` even while it trains: two calls at a time; a dead one fails at once, the
-        generous limit is for a loaded machine). For the driver's waits that call no rank themselves: a
-        wait for a batch would otherwise outlive the learner (a rank killed during a push leaves every
-        engine without a version, so no batch ever comes)."""
-        if self.serial:
-            return
-        try:
-            self._get([r.where.remote() for r in self.ranks], timeout=timeout_s)
-        except Exception as e:  # noqa: BLE001 - died, or wedged: either way it cannot train
-            raise LearnerDied(self._dead_ranks(e) or f"a learner rank did not answer within {timeout_s:.0f} s "
-                              f"({type(e).__name__})") from None
-
-    def step(self, groups, version: int) -> dict:
-        batch = groups if self.serial else self._ray.put(groups)  # sent to the ranks once, not once per rank
-        return self._on_ranks([r.step.remote(batch, version) for r in self.ranks])[0]
-
-    def start_push(self, version: int) -> None:
-        """Gather the weights on every rank and start sending them as `version` (rank 0 sends in the
-        background: `finish_push` waits for it, and a new `start_push` waits for the previous one)."""
-        self._on_ranks([r.push_weights.remote(version) for r in self.ranks])
-
-    def finish_push(self) -> dict:
-        """Stats of the push in flight once every actor has loaded it ({} when none); raises its error."""
-        return self._on_ranks(self.ranks[0].push_result.remote())
-
-    def push_weights(self, version: int) -> dict:
-        """Push `version` and wait until every actor has loaded it."""
-        self.start_push(version)
-        return self.finish_push()
-
-    def save(self, path: Path, extra_state: dict) -> None:
-        self._on_ranks([r.save.remote(str(path), extra_state) for r in self.ranks])
-
-    def load(self, path: Path) -> dict:
-        return self._get([r.load.remote(str(path)) for r in self.ranks])[0]
-
-    # ------------------------------------------------------------------ actors
     def _new_actor(self, i: int, skip: list[Key], version: int):
         from launch.processes.actor_role import ActorRole, actor_env
 
@@ -279,10 +195,6 @@ class ProcessGraph:
                 calls = [(partial(self.actor_named, i), ref) for i, ref in enumerate(joins)] + [(self.rank0_named, sender)]
                 raise WeightSyncUnformed(unformed_line(*first_failure(self._ray, calls, e), (host, port))) from e
         self._get([a.follow_weight_updates.remote() for a in self.actors])
-
-    def rank0_named(self) -> str:
-        was = self._where.get("learner/0", {})
-        return named("learner rank 0", was.get("pid", "?"), was.get("host", "?"), self.log_ref("learner-0", self.ranks[0]))
 
     def start_rollouts(self, which: list[int] | None = None) -> None:
         """Start generating on the actors `which` (all by default)."""

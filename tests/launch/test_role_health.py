@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from launch.processes.process_graph import LearnerDied, ProcessGraph
+from launch.processes.learner_ranks import LearnerDied
+from launch.processes.process_graph import ProcessGraph
 from launch.processes.roles import where
 
 
