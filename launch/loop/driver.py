@@ -129,9 +129,10 @@ class Driver:
                 raise Stop
             try:
                 groups = self.recovery.call_on_live_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S))
-            except TimeoutError:  # no batch yet: is everyone who could feed or take it alive?
+            except TimeoutError:  # no batch yet: is everyone who could feed or take it alive? a successor up?
                 self.graph.check_learner()
                 self.recovery.check_actors()
+                self.recovery.admit_successors()
                 continue
             self.position.ledger.discard(self.client.last_pull["discarded"])  # settled by the buffer, not trained
             return groups, time.monotonic() - t0
@@ -145,9 +146,10 @@ class Driver:
         return metrics, time.monotonic() - t0
 
     def _sync_weights(self) -> dict:
-        """Settle the previous push, then start pushing the current version (unless a restart just did);
-        returns the stats of the last push settled since the previous call (an evaluation settles too)."""
-        if self.recovery.settle_push() is not None and self.graph.actors:
+        """Settle the previous push, then start pushing the current version (unless a restart or a successor
+        joining just did); returns the stats of the last push settled since the previous call (an evaluation
+        settles too)."""
+        if self.recovery.settle_push() is not None and self.graph.actors and not self.recovery.admit_successors():
             self.graph.start_push(self.version)
         stats, self.recovery.unreported_push = self.recovery.unreported_push, {}
         return stats
@@ -202,6 +204,7 @@ class Driver:
         if not self.data.eval or not self.graph.actors:
             return {}
         self.recovery.settle_push()
+        self.recovery.await_successors(PULL_POLL_S, until_live=True)  # every actor died: wait for one
         t0 = time.monotonic()
         try:
             result = self.graph.evaluate(self.data.eval)
@@ -291,10 +294,13 @@ class Driver:
         return status
 
     def _drain(self, status: int) -> int:
-        """Settle the last push and stop the actors, letting them deliver what they have in flight; a
-        failed last push makes the status 1 (the checkpoint that follows matters more)."""
+        """Settle the last push and stop the actors, letting them deliver what they have in flight (at the
+        end of the steps, successors still starting join first, to take up their shards' unfinished
+        prompts); a failed last push makes the status 1 (the checkpoint that follows matters more)."""
         if not self.graph.actors:
             return status
+        if status == 0:
+            self.recovery.await_successors(PULL_POLL_S)
         try:
             self.recovery.settle_push()
         except Exception as e:

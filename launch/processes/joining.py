@@ -29,12 +29,17 @@ class EngineStarts:
     """The engine starts of some actors in flight (`start_chains`). `ray`: the Ray module (or a stand-in
     with `wait` and `get`); `start(i)` calls actor i's start and returns its object ref; `keys`: each
     actor's GPU (None: not shared). `wait()` drives the chains to their end and returns {actor: what its
-    start returned} (its pid); the first start that fails raises its error there."""
+    start returned} (its pid); the first start that fails raises its error there. `poll()` is the same
+    without blocking (a replacement starts while the run trains: `launch.state.recovery`)."""
 
     def __init__(self, ray, ids: list[int], start: Callable[[int], object], keys: list[Hashable | None]):
         self._ray, self._start = ray, start
         self._next: dict[int, int] = {}
         self._pending: dict[object, int] = {}
+        self.add(ids, keys)
+
+    def add(self, ids: list[int], keys: list[Hashable | None]) -> None:
+        """Start these actors' engines too (chained among themselves as `start_chains` says)."""
         for chain in start_chains(keys):
             chain = [ids[k] for k in chain]
             self._next.update(zip(chain, chain[1:]))
@@ -43,15 +48,44 @@ class EngineStarts:
     def _launch(self, i: int) -> None:
         self._pending[self._start(i)] = i
 
+    @property
+    def pending(self) -> list[int]:
+        """The actors whose starts have not ended yet (those not launched yet in their chain included)."""
+        waiting = set(self._pending.values())
+        for i in list(waiting):
+            while i in self._next:
+                i = self._next[i]
+                waiting.add(i)
+        return sorted(waiting)
+
+    def poll(self, timeout_s: float | None = 0.0) -> tuple[dict[int, object], dict[int, BaseException]]:
+        """The starts that ended since the last call, waiting up to `timeout_s` (None: without limit) for
+        the first one: ({actor: what its start returned}, {actor: its error}). The next start of a chain
+        is called as the one before it ends (failed or not: it is a GPU of its own then)."""
+        if not self._pending:
+            return {}, {}
+        refs = list(self._pending)
+        ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if ready:
+            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        done, failed = {}, {}
+        for ref in ready:
+            i = self._pending.pop(ref)
+            try:
+                done[i] = self._ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - handed to the caller, who names the actor
+                failed[i] = e
+            if i in self._next:
+                self._launch(self._next.pop(i))
+        return done, failed
+
     def wait(self) -> dict[int, object]:
         done: dict[int, object] = {}
         while self._pending:
-            ready, _ = self._ray.wait(list(self._pending), num_returns=1)
-            for ref in ready:
-                i = self._pending.pop(ref)
-                done[i] = self._ray.get(ref)
-                if i in self._next:
-                    self._launch(self._next[i])
+            ended, failed = self.poll(None)
+            if failed:
+                raise next(iter(failed.values()))
+            done.update(ended)
         return done
 
 

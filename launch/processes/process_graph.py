@@ -7,10 +7,11 @@ else a local Ray), the roles' placement groups are reserved before any role star
 each role runs in a bundle of its group with explicit resources (CPU shares, GPUs, custom resources)
 from the resolved config. A dead actor (its process gone, unresponsive, or its vLLM
 engine dead) is found by the health check the driver runs every step and whenever a weight push fails;
-`replace_actors` replaces it with a fresh one that walks the dead actor's shard past every prompt the
-ledger accounts for (`launch.state.ledger`), and the driver then rebuilds the weight-sync group (a failed
-group cannot be reused), pushes the current weights and only then lets the new actor generate (see
-`launch.state.recovery`).
+`begin_replacing` starts a successor in the background, one that walks the dead actor's shard past every
+prompt the ledger accounts for (`launch.state.ledger`). Meanwhile the run goes on with the `live` actors
+(those in the weight-sync group, generating); once `poll_replacements` reports the successor's engine up,
+the driver `admit`s it: the group is rebuilt with it, the current weights pushed, and only then does it
+generate (see `launch.state.recovery`).
 
 A crashed actor's vLLM engine processes do not linger beside its replacement: Ray puts every worker in
 a process group of its own and kills the group when the worker dies (`RAY_process_group_cleanup_enabled`,
@@ -60,6 +61,9 @@ class ProcessGraph(LearnerRanks):
         self.pids: list[int] = []  # process of each actor (the driver's own with --serial)
         self._train = None  # the training prompts as the actors get them (`start_actors`)
         self._starting: EngineStarts | list = []  # the actors' starts in flight (`start_actors` -> `await_actors`)
+        self.live: list[int] = []  # actors in the weight-sync group, generating: all but successors starting
+        self._replacing: EngineStarts | None = None  # successors' engine starts in flight (`begin_replacing`)
+        self._replaced: dict[int, int] = {}  # --serial: successors started, until `poll_replacements` says so
         self._actors_since = 0.0  # monotonic time `start_actors` began
         self.restarts = 0
         self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
@@ -149,42 +153,52 @@ class ProcessGraph(LearnerRanks):
         self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
         self._starting = self._start_engines(list(range(len(self.actors))))
 
-    def _start_engines(self, ids: list[int]) -> EngineStarts | list:
-        """Start the engines of actors `ids`: at once, but those sharing a GPU one after another
-        (`launch.processes.joining`); `--serial` starts them in turn as it calls them."""
+    def _start_engines(self, ids: list[int], more: EngineStarts | None = None) -> EngineStarts | list:
+        """Start the engines of actors `ids` (added to the starts `more` when given): at once, but those
+        sharing a GPU one after another (`launch.processes.joining`); `--serial` starts them in turn as it
+        calls them."""
         if self.serial:
             return [self.actors[i].start.remote() for i in ids]
         shared = shares_gpus(self.cfg.rollout.gpus_per_actor)
         keys = self._get([self.actors[i].gpu.remote() for i in ids]) if shared else [None] * len(ids)
-        return EngineStarts(self._ray, ids, lambda i: self.actors[i].start.remote(), keys)
+        if more is None:
+            return EngineStarts(self._ray, ids, lambda i: self.actors[i].start.remote(), keys)
+        more.add(ids, keys)
+        return more
 
     def await_actors(self) -> None:
         """Wait until every engine `start_actors` started is up; says how long it took."""
         if not self.actors:
             return
         self.pids = self._starting if self.serial else [pid for _, pid in sorted(self._starting.wait().items())]
+        self.live = list(range(len(self.actors)))
         pids = "" if self.serial else f" (pids {', '.join(map(str, self.pids))})"
         self.log(f"[graph] {len(self.actors)} vLLM actor(s) up in {time.monotonic() - self._actors_since:.0f}s{pids}")
 
     def connect_weight_sync(self) -> None:
-        """Every actor joins rank 0's weight-sync group (on rank 0's node, admitted with the run's
-        weight-sync token) and follows its pushes."""
+        """Every live actor joins a new weight-sync group of rank 0's (on rank 0's node, admitted with the
+        run's weight-sync token) and follows its pushes; with none live, rank 0 closes its group and pushes
+        go nowhere until a successor is admitted."""
         if not self.actors:
             return
         token = self._weight_sync_token
-        host, port = self._on_ranks(self.ranks[0].reset_sender.remote(len(self.actors), token))
+        live = [self.actors[i] for i in self.live]
+        address = self._on_ranks(self.ranks[0].reset_sender.remote(len(live), token))
+        if not live:
+            return
+        host, port = address
         if self.serial:  # the sender waits for every receiver: join them from their own loop threads
             import threading
 
             threads = [threading.Thread(target=a.connect_weight_sync.remote, args=(host, port, token))
-                       for a in self.actors]
+                       for a in live]
             for t in threads:
                 t.start()
             self.ranks[0].connect_sender.remote()
             for t in threads:
                 t.join()
         else:
-            joins = [a.connect_weight_sync.remote(host, port, token) for a in self.actors]
+            joins = [a.connect_weight_sync.remote(host, port, token) for a in live]
             sender = self.ranks[0].connect_sender.remote()
             try:
                 self._get(joins + [sender])
@@ -192,26 +206,27 @@ class ProcessGraph(LearnerRanks):
                 dead = self._dead_ranks(e)  # a dead rank stops the run as LearnerDied: --max-restarts resumes it
                 if dead:
                     raise LearnerDied(dead) from None
-                calls = [(partial(self.actor_named, i), ref) for i, ref in enumerate(joins)] + [(self.rank0_named, sender)]
+                calls = [(partial(self.actor_named, i), ref) for i, ref in zip(self.live, joins)] + [(self.rank0_named, sender)]
                 raise WeightSyncUnformed(unformed_line(*first_failure(self._ray, calls, e), (host, port))) from e
-        self._get([a.follow_weight_updates.remote() for a in self.actors])
+        self._get([a.follow_weight_updates.remote() for a in live])
 
     def start_rollouts(self, which: list[int] | None = None) -> None:
-        """Start generating on the actors `which` (all by default)."""
-        ids = range(len(self.actors)) if which is None else which
+        """Start generating on the actors `which` (the live ones by default)."""
+        ids = self.live if which is None else which
         self._get([self.actors[i].start_rollouts.remote() for i in ids])
 
     def actor_stats(self, timeout_s: float = 30.0) -> tuple[dict[int, dict], dict[int, str]]:
-        """({actor: stats} of the live actors, {actor: why it counts as dead} of the others), asked of
-        every actor at once: one deadline of `timeout_s` for all of them, not one each."""
+        """({actor: stats} of the live actors that answer, {actor: why it counts as dead} of the others),
+        asked of every live actor at once: one deadline of `timeout_s` for all of them, not one each.
+        (Successors still starting are `poll_replacements`'s.)"""
         if self.serial:
-            stats = {i: a.stats.remote() for i, a in enumerate(self.actors)}
+            stats = {i: self.actors[i].stats.remote() for i in self.live}
             dead = {i: "its vLLM engine died" for i, st in stats.items() if st.get("engine_dead")}
             return {i: st for i, st in stats.items() if i not in dead}, dead
-        refs = [a.stats.remote() for a in self.actors]
+        refs = [self.actors[i].stats.remote() for i in self.live]
         ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         stats, dead, ready = {}, {}, set(ready)
-        for i, ref in enumerate(refs):
+        for i, ref in zip(self.live, refs):
             if ref not in ready:
                 dead[i] = f"no answer within {timeout_s:.0f}s"
                 continue
@@ -251,41 +266,77 @@ class ProcessGraph(LearnerRanks):
             else:
                 self.log(f"[graph] actor {i} was not reported dead within {timeout_s:.0f}s of its kill")
 
-    def replace_actors(self, ids: list[int], skip: list[Key], version: int) -> None:
+    def begin_replacing(self, ids: list[int], skip: list[Key], version: int) -> None:
         """Start successors of the (killed) actors `ids`, skipping the prompts `skip` (see `ActorRole`),
-        whose weights are labelled `version`; they start their engines but neither join the weight sync
-        nor generate yet (`connect_weight_sync`, a push, then `start_rollouts`)."""
+        whose weights are labelled `version`, without waiting for their engines (`poll_replacements`).
+        They leave `live` now, and neither join the weight sync nor generate until `admit`ted."""
+        self.live = [i for i in self.live if i not in ids]
         for i in ids:
             self.actors[i] = self._new_actor(i, skip, version)
-        starts = self._start_engines(ids)
-        for i, pid in zip(ids, starts) if self.serial else starts.wait().items():
-            self.pids[i] = pid
+        if self.serial:
+            self._replaced.update(zip(ids, self._start_engines(ids)))
+        else:
+            self._replacing = self._start_engines(ids, more=self._replacing)
         self.restarts += len(ids)
 
+    @property
+    def replacing(self) -> list[int]:
+        """Successors whose engines are still starting."""
+        return sorted(self._replaced) if self.serial else self._replacing.pending if self._replacing else []
+
+    def poll_replacements(self, timeout_s: float | None = 0.0) -> tuple[dict[int, int], dict[int, BaseException]]:
+        """({actor: pid} of the successors whose engines came up since the last call, {actor: error} of
+        those whose start failed), waiting up to `timeout_s` (None: without limit) for a first one."""
+        if self.serial:
+            up, self._replaced = self._replaced, {}
+            return up, {}
+        up, failed = self._replacing.poll(timeout_s) if self._replacing else ({}, {})
+        for i, pid in up.items():
+            self.pids[i] = pid
+        return up, failed
+
+    def admit(self, ids: list[int]) -> None:
+        """Successors `ids` become live: the next `connect_weight_sync` includes them."""
+        self.live = sorted(set(self.live) | set(ids))
+
     def delivered_since(self, wall_time: float) -> dict[int, list]:
-        """{actor: (epoch, prompt) keys the buffer acknowledged since `wall_time`}, asked of all at once."""
-        return dict(enumerate(self._get([a.delivered_since.remote(wall_time) for a in self.actors])))
+        """{actor: (epoch, prompt) keys the buffer acknowledged since `wall_time`}, asked of every live
+        actor at once (a successor still starting has delivered nothing)."""
+        return dict(zip(self.live, self._get([self.actors[i].delivered_since.remote(wall_time) for i in self.live])))
 
     def requeue(self, keys_by_actor: dict[int, list]) -> None:
         self._get([self.actors[i].requeue.remote(keys) for i, keys in keys_by_actor.items() if keys])
 
     def where(self) -> dict[str, dict]:
-        """{role: {pid, host}} of the learner ranks and actors (`processes.json`)."""
-        roles = [f"learner/{r}" for r in range(len(self.ranks))] + [f"actor/{i}" for i in range(len(self.actors))]
-        self._where = dict(zip(roles, self._get([h.where.remote() for h in self.ranks + self.actors])))
+        """{role: {pid, host}} of the learner ranks and live actors (`processes.json`)."""
+        roles = [f"learner/{r}" for r in range(len(self.ranks))] + [f"actor/{i}" for i in self.live]
+        handles = self.ranks + [self.actors[i] for i in self.live]
+        self._where = dict(zip(roles, self._get([h.where.remote() for h in handles])))
         return self._where
 
     def evaluate(self, items) -> dict:
-        """Held-out accuracy, the items spread over all actors (actor i scores items i, i + N, ...) and
-        the accuracies weighted by their counts."""
-        n = len(self.actors)
-        results = self._get([a.evaluate.remote(items[i::n]) for i, a in enumerate(self.actors) if items[i::n]])
+        """Held-out accuracy, the items spread over the live actors (the k-th scores items k, k + N, ...)
+        and the accuracies weighted by their counts."""
+        live = [self.actors[i] for i in self.live]
+        n = len(live)
+        results = self._get([a.evaluate.remote(items[k::n]) for k, a in enumerate(live) if items[k::n]])
         total = sum(r["n"] for r in results)
         return {"accuracy": sum(r["accuracy"] * r["n"] for r in results) / total if total else float("nan"),
                 "n": total}
 
     def stop_actors(self, drain: bool, timeout_s: float) -> None:
-        self._get([a.stop.remote(drain, timeout_s) for a in self.actors])
+        """Stop the live actors (drain: they deliver what they have in flight first). One that dies
+        meanwhile is one line: the checkpoint that follows matters more, and a resume generates its
+        unfinished prompts again (the ledger does not hold them)."""
+        calls = {i: self.actors[i].stop.remote(drain, timeout_s) for i in self.live}
+        for i, call in calls.items():
+            try:
+                self._get(call)
+            except Exception as e:  # noqa: BLE001 - dead or failing: the run ends either way
+                if self.serial or not isinstance(e, self._ray.exceptions.RayActorError):
+                    raise
+                self.log(f"[actor] {self.actor_named(i)} died while stopping ({type(e).__name__}); the prompts it "
+                         "had in flight are not in the checkpoint: a --resume generates them again")
 
     def shutdown(self) -> None:
         for i, a in enumerate(self.actors):

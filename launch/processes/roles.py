@@ -163,16 +163,20 @@ class LearnerRank:
         """The built `Learner` (waits for the build; raises its error)."""
         return self._built.result()
 
-    def reset_sender(self, num_receivers: int, token: str) -> tuple[str, int]:
+    def reset_sender(self, num_receivers: int, token: str) -> tuple[str, int] | None:
         """(Re)create the weight-sync group for `num_receivers` actors, admitting only peers that prove
         `token` (the run's `RunSecrets.weight_sync_token`); returns its address, on this node
-        (`node_host`). Waits for the learner first: a failed build surfaces here, not at the first push."""
+        (`node_host`). Waits for the learner first: a failed build surfaces here, not at the first push.
+        With no receivers (every actor is a successor still starting) the group is closed: None."""
         from weightsync.sender import WeightSender
 
         self._built.result()
         if self.sender is not None:
             self.sender.close()  # a push still in flight on it fails at once and is dropped:
             self.push_result(raise_error=False)  # the new group starts with a full push of the current version
+            self.sender = None
+        if num_receivers == 0:
+            return None
         ws = self.cfg.weight_sync
         engine = self.cfg.rollout.engine
         self.sender = WeightSender(num_receivers, host=node_host(self.cluster), port=0, token=token,

@@ -3,8 +3,10 @@ restarted where the run is, and no prompt is skipped or trained twice (the promp
 is regenerated, `launch.state.ledger`).
 
 - Actors: a health check (`check_actors`, and a weight push that blames them, `settle_push`) finds
-  the dead ones; `restart_actors` kills them, releases their credit, starts successors that skip every
-  prompt the ledger and the buffer account for, re-syncs the weights, and only then lets them generate.
+  the dead ones; `restart_actors` kills them, releases their credit, starts successors in the background
+  that skip every prompt the ledger and the buffer account for, and re-forms the weight sync of the
+  others, which go on generating: training does not wait for a restart (issue 33). `admit_successors`
+  brings a successor in once its engine is up: the weights are re-synced, and only then does it generate.
 - The buffer: every driver call to it goes through `call_on_live_buffer`, which restarts a dead buffer
   first (`launch.state.buffer_keeper`: from its latest snapshot minus what was trained since) and re-queues
   the prompts only the dead buffer had to the actors that delivered them.
@@ -57,6 +59,7 @@ class Recovery:
         self.reports: dict[int, dict] = {}  # each live actor's last stats (reward counters)
         self.last_health = 0.0  # time.monotonic() of the last actor health check
         self.unreported_push: dict = {}  # stats of the last push settled, until a metrics row takes them
+        self.dead_since: dict[int, float] = {}  # successor starting -> time.monotonic() its predecessor was found dead
 
     def _connect(self) -> BufferClient:
         return BufferClient(self.address, "driver", timeout_s=BUFFER_TIMEOUT_S, secrets=self.secrets)
@@ -143,34 +146,71 @@ class Recovery:
             self.check_actors()
 
     def restart_actors(self, dead: dict[int, str]) -> None:
-        """Replace dead actors: release their credit, start successors that walk the dead actor's shard
-        from the top skipping every prompt the ledger and the buffer account for (trained, discarded or
-        held: `launch.state.ledger`), so what it had in flight or undelivered is generated again; rebuild the
-        weight-sync group, push the current weights to every actor, and only then let the successors
-        generate. An actor that dies meanwhile (the group or the push fails on it) is replaced the same
-        way before anyone generates."""
-        t0, version = time.monotonic(), self.position.version
-        deaths, replaced = [], []  # (actor, its dead process, why, prompts its successor skips); actor ids
+        """Replace dead actors without stopping the run: kill them, release their credit, start successors
+        in the background (`_replace`), and rebuild the weight-sync group of the live actors with a push of
+        the current version (a push in flight is dropped with the old group, and one a death failed left
+        the others without a version). Training goes on with the live actors' groups; a successor joins once
+        its engine is up (`admit_successors`). An actor found dead meanwhile is replaced the same way."""
         while dead:
-            was = {i: self.graph.actor_named(i) for i in dead}  # pid, host and log of the dead process
-            self.graph.kill_actors(list(dead))  # first: nothing they push can slip past the plans made below
-            for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
-                with BufferClient(self.address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
-                    ghost.release_credit(2**20)
-            skip = self.position.ledger.accepted(self.held_prompts())
-            for i, why in dead.items():
-                self.reports.pop(i, None)
-                deaths.append((i, was[i], why, len(skip)))
-            replaced += [i for i in dead if i not in replaced]
-            self.graph.replace_actors(list(dead), skip, version)
-            dead = self._resync(version)
-        self.graph.start_rollouts(replaced)
-        for i, was_i, why, skipped in deaths:
-            self.progress.message(f"[actor] {was_i} died ({why}); restarted as pid "
-                                  f"{self.graph.pids[i]} and re-synced to version {version} in "
-                                  f"{time.monotonic() - t0:.0f}s; its shard resumes past the {skipped} prompts "
-                                  "trained, discarded or buffered")
+            self._replace(dead)
+            dead = self._resync(self.position.version)
+
+    def _replace(self, dead: dict[int, str]) -> None:
+        """Kill the actors `dead` ({actor: why}), release their credit and start their successors, which
+        walk the dead actor's shard from the top skipping every prompt the ledger and the buffer account
+        for (trained, discarded or held: `launch.state.ledger`), so what it had in flight or undelivered is
+        generated again. The plan is made after the kill: nothing a dead actor pushes can slip past it, and
+        nothing of its shard is generated by anyone else until its successor does."""
+        was = {i: self.graph.actor_named(i) for i in dead}  # pid, host and log of the dead process
+        self.graph.kill_actors(list(dead))
+        for i in dead:  # the dead actor's credit would otherwise only expire after its time-to-live
+            with BufferClient(self.address, f"actor-{i}", timeout_s=10.0, secrets=self.secrets) as ghost:
+                ghost.release_credit(2**20)
+        skip = self.position.ledger.accepted(self.held_prompts())
+        self.graph.begin_replacing(list(dead), skip, self.position.version)
+        others = len(self.graph.live)
+        meanwhile = (f"training goes on with the other {others} actor(s)" if others else
+                     "no actor generates until it is up")
+        for i, why in dead.items():
+            self.reports.pop(i, None)
+            self.dead_since[i] = time.monotonic()
+            self.progress.message(f"[actor] {was[i]} died ({why}); its successor starts in the background and "
+                                  f"{meanwhile}; its shard resumes past the {len(skip)} prompts trained, discarded "
+                                  "or buffered")
         self.write_processes()
+
+    def admit_successors(self, wait_s: float | None = 0.0) -> bool:
+        """Successors whose engines are up (waiting up to `wait_s` for one) join the run: the push in flight
+        lands first, the weight-sync group is rebuilt with them, the current version is pushed to every live
+        actor (the one push the others pause for), and then they generate. True when it pushed the current
+        version (the caller's own push of it is done). A successor whose engine failed to start stops the
+        run (`RoleLost`): a start that fails once fails again."""
+        up, failed = self.graph.poll_replacements(wait_s)
+        if failed:
+            i, error = next(iter(failed.items()))
+            cause = getattr(error, "cause", None) or error
+            raise RoleLost(f"[actor] the successor of actor {i} did not start ({type(cause).__name__}: "
+                           f"{(str(cause).strip().splitlines() or [''])[0][:200]}); the run stopped")
+        if not up:
+            return False
+        version = self.position.version
+        self.settle_push()  # the group is about to be rebuilt: the push on the old one lands first
+        self.graph.admit(list(up))
+        self.restart_actors(self._resync(version))
+        joined = [i for i in up if i in self.graph.live]
+        self.graph.start_rollouts(joined)
+        for i in joined:
+            self.progress.message(f"[actor] actor {i} restarted as pid {self.graph.pids[i]} and joined at version "
+                                  f"{version} in {time.monotonic() - self.dead_since.pop(i):.0f}s (training went "
+                                  "on meanwhile)")
+        self.write_processes()
+        return True
+
+    def await_successors(self, every_s: float, until_live: bool = False) -> None:
+        """Admit successors as they come up until none is starting (`until_live`: until some actor is
+        live): evaluation and the final drain need them."""
+        while self.graph.replacing and not (until_live and self.graph.live):
+            self.admit_successors(every_s)
 
     def _resync(self, version: int) -> dict[int, str]:
         """Rebuild the weight-sync group and push `version` to every actor; {} when that worked, else

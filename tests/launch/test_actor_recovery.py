@@ -1,8 +1,9 @@
 """The driver's recovery from a dead actor, against a real buffer process and a stand-in process graph
 (the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`): what the successor
-skips (the ledger: trained, discarded, held), that the dead actor's credit is released, the order of restart ->
-weight-sync group -> push -> rollouts, that a weight push failed by a dead actor restarts it, and that
-the next version's push starts only after the previous one has landed."""
+skips (the ledger: trained, discarded, held), that the dead actor's credit is released, that the
+successor starts in the background while the others' weight sync is re-formed and training goes on,
+the order of admission (engine up -> weight-sync group -> push -> rollouts), that a weight push failed by
+a dead actor restarts it, and that the next version's push starts only after the previous one has landed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from buffer.client import BufferClient
 from buffer.process import start_buffer_process
 from configs.schema import RunConfig
 from launch.loop.driver import Driver
+from launch.processes.process_graph import RoleLost
 from launch.processes.roles import named
 from tests.buffer.helpers import make_group
 from weightsync.protocol import WeightSyncError
@@ -28,13 +30,15 @@ class StandInGraph:
         self.buffer, self.last_words = buffer, {}
         self.delivered: dict[int, list] = {}  # actor -> [(wall time, key)] the buffer acknowledged
         self.actors, self.pids, self.restarts = [object(), object()], [100, 101], 0
+        self.live, self.replacing, self.engines_up, self.start_error = [0, 1], [], False, None
         self.calls: list[tuple] = []
         self.dead: dict[int, str] = {}
         self.fail_next_push = False
         self.reports = {0: {"actor_id": 0}, 1: {"actor_id": 1}}
 
     def actor_stats(self):
-        return {i: r for i, r in self.reports.items() if i not in self.dead}, dict(self.dead)
+        dead = {i: why for i, why in self.dead.items() if i in self.live}
+        return {i: r for i, r in self.reports.items() if i in self.live and i not in dead}, dead
 
     def start_push(self, version):
         self.calls.append(("start", version))
@@ -58,11 +62,24 @@ class StandInGraph:
                     assert dying.push_group(make_group(f"last-{prompt}", prompt_index=prompt,
                                                        meta={"epoch": epoch})).accepted
 
-    def replace_actors(self, ids, skip, version):
-        self.calls.append(("restart", ids, skip, version))
+    def begin_replacing(self, ids, skip, version):
+        self.calls.append(("begin", ids, skip, version))
+        self.live = [i for i in self.live if i not in ids]
+        self.replacing += ids
+        self.restarts += len(ids)
+
+    def poll_replacements(self, timeout_s=0.0):
+        if not self.engines_up:
+            return {}, {}
+        ids, self.replacing = self.replacing, []
+        if self.start_error is not None:
+            return {}, {i: self.start_error for i in ids}
         for i in ids:
             self.pids[i] += 10
-        self.restarts += len(ids)
+        return {i: self.pids[i] for i in ids}, {}
+
+    def admit(self, ids):
+        self.live = sorted(set(self.live) | set(ids))
 
     def delivered_since(self, wall_time):
         self.calls.append(("delivered_since", wall_time))
@@ -72,13 +89,13 @@ class StandInGraph:
         self.calls.append(("requeue", keys_by_actor))
 
     def where(self):
-        return {f"actor/{i}": {"pid": pid, "host": "here"} for i, pid in enumerate(self.pids)}
+        return {f"actor/{i}": {"pid": self.pids[i], "host": "here"} for i in self.live}
 
     def actor_named(self, i):
         return named(f"actor {i}", self.pids[i], "here", f"logs/actor-{i}.log")
 
     def connect_weight_sync(self):
-        self.calls.append(("connect",))
+        self.calls.append(("connect", list(self.live)))
 
     def start_rollouts(self, which=None):
         self.calls.append(("rollouts", which))
@@ -92,7 +109,7 @@ def buffer():
     proc.join(10)
 
 
-def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(buffer, tmp_path):
+def test_a_push_failed_by_a_dead_actor_is_replaced_in_the_background_while_training_goes_on(buffer, tmp_path):
     with BufferClient(buffer, "actor-1") as dead_actor:  # before it died, actor 1 ...
         assert dead_actor.request_credit(2, 0).granted == 2
         assert dead_actor.push_group(make_group("a1-1", prompt_index=5, meta={"epoch": 0})).accepted  # delivered (0, 5)
@@ -106,28 +123,58 @@ def test_a_push_failed_by_a_dead_actor_restarts_it_where_its_prompts_left_off(bu
         assert driver.recovery.check_actors() == {}  # all alive: their reports are kept
         graph.dead, graph.fail_next_push = {1: "process gone: ActorDiedError"}, True
 
-        assert driver._sync_weights() == {}  # the push in flight failed: the restart re-synced version 1
+        assert driver._sync_weights() == {}  # the push in flight failed: the live actor was re-synced to version 1
 
         finish, kill, (_, ids, skip, version), *rest = graph.calls
         assert finish == ("finish",) and kill == ("kill", [1]) and version == 1 and ids == [1]
-        # new group, a push that waits for every actor, and only then generate; no second push of version 1
-        assert rest == [("connect",), ("push", 1), ("rollouts", [1])]
+        # the successor starts in the background; actor 0 alone gets a new group and version 1, and goes on
+        assert rest == [("connect", [0]), ("push", 1)] and graph.replacing == [1]
         assert set(skip) == {(0, 1), (0, 3), (0, 5)}  # trained, trained, held by the buffer: the rest is redone
         assert driver.client.stats()["credits_outstanding"] == 0  # the dead actor's credit was released
         # one line: the actor, its process, host and log, and what the run did (the push's error adds none)
         assert [m for m in said if m.startswith("[actor]")] == [said[-1]]
-        assert said[-1].startswith("[actor] actor 1 (pid 101 on here; log logs/actor-1.log) died (process gone: "
-                                   "ActorDiedError); restarted as pid 111 and re-synced to version 1")
-        assert said[-1].endswith("its shard resumes past the 3 prompts trained, discarded or buffered")
+        assert said[-1] == ("[actor] actor 1 (pid 101 on here; log logs/actor-1.log) died (process gone: "
+                            "ActorDiedError); its successor starts in the background and training goes on with "
+                            "the other 1 actor(s); its shard resumes past the 3 prompts trained, discarded or "
+                            "buffered")
+        assert json.loads((tmp_path / "processes.json").read_text()).keys() >= {"actor/0"}
+        assert "actor/1" not in json.loads((tmp_path / "processes.json").read_text())
+
+        graph.calls = []  # the next step: its engine is not up yet, so the push goes to actor 0 alone
+        assert driver._sync_weights() == {"gbps": 1.0}
+        assert graph.calls == [("finish",), ("start", 1)]
+
+        graph.calls, graph.engines_up = [], True  # up: it joins at the next push, then generates
+        driver.position.step = 2
+        assert driver._sync_weights() == {"gbps": 1.0}
+        assert graph.calls == [("finish",), ("finish",), ("connect", [0, 1]), ("push", 2), ("rollouts", [1])]
+        assert said[-1].startswith("[actor] actor 1 restarted as pid 111 and joined at version 2 in ")
+        assert said[-1].endswith("s (training went on meanwhile)")
+        assert json.loads((tmp_path / "processes.json").read_text())["actor/1"] == {"pid": 111, "host": "here"}
 
         graph.calls = []
         assert driver._sync_weights() == {"gbps": 1.0}  # the previous push's stats; this version's starts
-        assert graph.calls == [("finish",), ("start", 1)]
+        assert graph.calls == [("finish",), ("start", 2)]
 
         graph.dead, graph.fail_next_push, graph.calls = {}, True, []
         with pytest.raises(RuntimeError, match="weight push #3"):  # no actor to blame: the error stands
             driver._sync_weights()
         assert graph.calls == [("finish",)]
+    finally:
+        driver.client.close()
+
+
+def test_a_successor_whose_engine_fails_to_start_stops_the_run_with_one_line(buffer, tmp_path):
+    graph = StandInGraph(buffer)
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+    try:
+        graph.dead = {0: "its vLLM engine died"}
+        driver.recovery.check_actors()
+        graph.engines_up, graph.start_error = True, RuntimeError("CUDA out of memory\n(traceback)")
+        with pytest.raises(RoleLost, match=r"^\[actor\] the successor of actor 0 did not start \(RuntimeError: "
+                                           r"CUDA out of memory\); the run stopped$"):
+            driver.recovery.admit_successors()
     finally:
         driver.client.close()
 
@@ -155,7 +202,6 @@ def test_a_successor_skips_prompts_the_buffer_discarded_as_well_as_trained_ones(
         kill, (_, ids, skip, _), *_ = graph.calls
         assert kill == ("kill", [0]) and ids == [0]  # stopped before its successor's plan is made
         assert skip == [(1, 2), (1, 4), (1, 9)]  # trained, trained, discarded
-        assert json.loads((tmp_path / "processes.json").read_text())["actor/0"] == {"pid": 110, "host": "here"}
         state = driver.position.ledger.state_dict()  # a checkpoint keeps the discarded keys too
         assert type(driver.position.ledger).from_state_dict(json.loads(json.dumps(state))).accepted() == skip
     finally:
@@ -198,7 +244,7 @@ def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
         assert driver._sync_weights() == {}
         kill, (_, ids, _, version), *rest = graph.calls
         assert kill == ("kill", [0]) and ids == [0] and version == 2
-        assert rest == [("connect",), ("push", 2), ("rollouts", [0])]
+        assert rest == [("connect", [1]), ("push", 2)]
     finally:
         driver.client.close()
 
@@ -208,15 +254,17 @@ def _raise(err):
 
 
 def test_an_actor_that_dies_while_another_is_restarted_is_restarted_too(buffer, tmp_path):
-    """Actor 0 died; while its successor joins the weight-sync group, actor 1 dies too (the group fails
-    on it: Ray's ActorDiedError). Both are replaced, the group rebuilt and the weights pushed once more,
-    and only then do both successors generate; one line per death (was: the error ended the run)."""
+    """Actor 0 died; while the others' weight-sync group is re-formed without it, actor 1 dies too (the
+    group fails on it: Ray's ActorDiedError). Both are replaced in the background; with no actor live the
+    group is closed (connect with none) and pushes go nowhere. Once their engines are up both join one
+    group, get the current version and only then generate; one line per death and per join (the error
+    ended the run once)."""
     graph, said = StandInGraph(buffer), []
     connects = []
 
     def connect_weight_sync():
         connects.append(len(connects))
-        graph.calls.append(("connect",))
+        graph.calls.append(("connect", list(graph.live)))
         if len(connects) == 1:
             graph.dead = {1: "process gone: ActorDiedError"}
             raise RuntimeError("ray.exceptions.ActorDiedError: The actor died unexpectedly (actor 1)")
@@ -229,13 +277,21 @@ def test_an_actor_that_dies_while_another_is_restarted_is_restarted_too(buffer, 
         driver.position.step = 1
         graph.dead = {0: "process gone: ActorDiedError"}
         assert driver.recovery.check_actors() == {0: "process gone: ActorDiedError"}
-        assert [c[:2] for c in graph.calls] == [("kill", [0]), ("restart", [0]), ("connect",), ("kill", [1]),
-                                                ("restart", [1]), ("connect",), ("push", 1), ("rollouts", [0, 1])]
-        assert [c[2] for c in graph.calls if c[0] == "restart"] == [[(0, 2)], [(0, 2)]]
+        assert [c[:2] for c in graph.calls] == [("kill", [0]), ("begin", [0]), ("connect", [1]), ("kill", [1]),
+                                                ("begin", [1]), ("connect", []), ("push", 1)]
+        assert [c[2] for c in graph.calls if c[0] == "begin"] == [[(0, 2)], [(0, 2)]]
         lines = [m for m in said if m.startswith("[actor]")]
         assert [m.split(" died ")[0] for m in lines] == ["[actor] actor 0 (pid 100 on here; log logs/actor-0.log)",
                                                         "[actor] actor 1 (pid 101 on here; log logs/actor-1.log)"]
-        assert "restarted as pid 110" in lines[0] and "restarted as pid 111" in lines[1]
+        assert "training goes on with the other 1 actor(s)" in lines[0]
+        assert "no actor generates until it is up" in lines[1]
+
+        graph.calls, graph.engines_up, graph.dead = [], True, {}
+        assert driver.recovery.admit_successors() is True
+        assert graph.calls == [("finish",), ("connect", [0, 1]), ("push", 1), ("rollouts", [0, 1])]
+        lines = [m for m in said if m.startswith("[actor]")][2:]
+        assert [m.split(" and joined")[0] for m in lines] == ["[actor] actor 0 restarted as pid 110",
+                                                             "[actor] actor 1 restarted as pid 111"]
         roles = json.loads((tmp_path / "processes.json").read_text())
         assert (roles["actor/0"]["pid"], roles["actor/1"]["pid"]) == (110, 111)
     finally:

@@ -98,7 +98,7 @@ def learner_side(cfg, run_dir: Path, progress) -> int:
     init_ray(cfg)
     graph = ProcessGraph.__new__(ProcessGraph)  # what the learner calls use, as `ProcessGraph(...)` sets it
     graph.cfg, graph.serial, graph._ray, graph.log = cfg, False, ray, progress.message
-    graph.actors, graph._where, graph.log_dir = [], {}, run_dir / "logs"
+    graph.actors, graph.live, graph._where, graph.log_dir = [], [], {}, run_dir / "logs"
     graph.ranks = [ray.remote(Rank).options(num_cpus=0, max_restarts=0, runtime_env={
         "env_vars": {LOG_FILE_ENV: str(graph.log_file(f"learner-{r}"))}}).remote(r) for r in range(2)]
     try:

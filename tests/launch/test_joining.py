@@ -82,6 +82,7 @@ def _graph(ray: FakeRay, overrides: list[str], actors: list[Actor]) -> ProcessGr
     graph = ProcessGraph.__new__(ProcessGraph)  # only what the actors' calls use
     graph.cfg = resolve("grpo", overrides=overrides)
     graph.serial, graph._ray, graph.actors, graph.log_dir = False, ray, actors, Path("runs/a/logs")
+    graph.live = list(range(len(actors)))
     graph._where, graph.pids, graph.log, graph._actors_since = {}, [], lambda line: None, 0.0
     return graph
 

@@ -49,6 +49,9 @@ class Actor:
         time.sleep(2)
         raise TimeoutError("the weight-sync group did not form")  # what an actor says when the sender is gone
 
+    def stop(self, drain: bool, timeout_s: float) -> None:
+        self.stopped = (drain, timeout_s)
+
     def stats(self) -> dict:
         if self.mode == "stuck":
             time.sleep(60)
@@ -68,7 +71,7 @@ def test_a_dead_learner_rank_stops_the_run_with_one_line_naming_it(ray_local):
     graph = ProcessGraph.__new__(ProcessGraph)  # only what the learner calls use
     said = []
     graph.serial, graph._ray, graph.actors, graph._where, graph.log_dir = False, ray_local, [], {}, None
-    graph.log = said.append
+    graph.log, graph.live = said.append, []
     graph.ranks = [ray_local.remote(Rank).options(num_cpus=0).remote() for _ in range(2)]
     assert graph.step([1, 2, 3], 4) == {"groups": 3, "version": 4}  # the batch travels as one object
     pid = graph.where()["learner/1"]["pid"]
@@ -92,7 +95,7 @@ def test_a_learner_rank_dying_while_the_actors_join_its_weight_sync_group_is_a_l
     graph.serial, graph._ray, graph._where, graph.log_dir = False, ray_local, {}, None
     graph._weight_sync_token = "t"
     graph.ranks = [ray_local.remote(Rank).options(num_cpus=0).remote()]
-    graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote("ok")]
+    graph.actors, graph.live = [ray_local.remote(Actor).options(num_cpus=0).remote("ok")], [0]
     with pytest.raises(LearnerDied, match=r"^learner rank 0 \(pid \? .*\) died \(process gone: "):
         graph.connect_weight_sync()
     ray_local.kill(graph.actors[0])
@@ -103,6 +106,7 @@ def test_the_health_check_asks_every_actor_at_once(ray_local):
     graph.serial, graph._ray = False, ray_local
     modes = ["ok", "stuck", "dead", "engine_dead"]
     graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote(m) for m in modes]
+    graph.live = [0, 1, 2, 3]
     # every actor process is up before the deadline starts (a worker's start-up under load took longer than
     # the 3 s deadline on CI), so only the stuck one can run out of it
     pids = ray_local.get([a.pid.remote() for a in graph.actors])
@@ -110,6 +114,24 @@ def test_the_health_check_asks_every_actor_at_once(ray_local):
     stats, dead = graph.actor_stats(timeout_s=3)
     assert list(stats) == [0] and dead == {1: "no answer within 3s", 2: "process gone: ActorDiedError",
                                            3: "its vLLM engine died"}
+    for a in graph.actors:
+        ray_local.kill(a)
+
+
+def test_an_actor_dead_at_the_final_stop_is_one_line_and_the_others_still_drain(ray_local):
+    """The final drain (`Driver._drain`) used to raise Ray's error for a dead actor, and the final checkpoint
+    was never written."""
+    graph, said = ProcessGraph.__new__(ProcessGraph), []
+    graph.serial, graph._ray, graph.log, graph.log_dir = False, ray_local, said.append, None
+    graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote("ok") for _ in range(2)]
+    graph.live, graph.pids = [0, 1], ray_local.get([a.pid.remote() for a in graph.actors])
+    graph._where = {"actor/0": {"host": "here"}}
+    os.kill(graph.pids[0], 9)
+    graph.stop_actors(drain=True, timeout_s=5)
+    assert len(said) == 1 and re.fullmatch(
+        rf"\[actor\] actor 0 \(pid {graph.pids[0]} on here; log `ray logs actor --id [0-9a-f]+`\) died while stopping "
+        r"\(ActorDiedError\); the prompts it had in flight are not in the checkpoint: a --resume generates them "
+        r"again", said[0]), said
     for a in graph.actors:
         ray_local.kill(a)
 
@@ -123,14 +145,17 @@ class Scorer:
         return {"accuracy": sum(i % 2 for i in items) / len(items), "n": len(items)}
 
 
-def test_evaluation_is_spread_over_every_actor_and_weighted_by_counts():
+def test_evaluation_is_spread_over_the_live_actors_and_weighted_by_counts():
     from launch.processes.process_graph import LocalRole
 
     graph = ProcessGraph.__new__(ProcessGraph)
     scorers = [Scorer() for _ in range(3)]
-    graph.serial, graph.actors = True, [LocalRole(s) for s in scorers]
+    graph.serial, graph.actors, graph.live = True, [LocalRole(s) for s in scorers], [0, 1, 2]
     # items 0..6: actor 0 scores 0, 3, 6 (1 odd of 3), actor 1 scores 1, 4 (1 of 2), actor 2 scores 2, 5 (1 of 2)
     assert graph.evaluate(list(range(7))) == {"accuracy": 3 / 7, "n": 7}
     assert [s.got for s in scorers] == [[0, 3, 6], [1, 4], [2, 5]]
     assert graph.evaluate([5]) == {"accuracy": 1.0, "n": 1}  # fewer items than actors: the others idle
+    graph.live = [0, 2]  # actor 1's successor is still starting: the live ones share its items
+    assert graph.evaluate(list(range(5))) == {"accuracy": 2 / 5, "n": 5}
+    assert [s.got for s in scorers] == [[0, 2, 4], [1, 4], [1, 3]]  # actor 1 was not asked (its last items)
 
