@@ -7,6 +7,7 @@
   algo-train eval --model DIR --data FILE [--n K] [--json OUT]   score a model (launch.commands.evaluate)
   algo-train plot RUN_DIR [RUN_DIR ...]                          curves of runs (launch.commands.plot)
   algo-train doctor [run flags] [--json FILE]                    is the cluster ready? (launch.doctor.command)
+  algo-train scale RUN_DIR --actors N [--wait S]                 add or remove actors of a live run (launch.commands.scale)
   algo-train --version
 
 Commands are argparse subparsers (`evaluate` is another name of `eval`); no command is `train`. No parser
@@ -47,7 +48,8 @@ own config.yaml; --force starts it over. `algo-train COMMAND --help` shows a com
 # the commands besides train: (name and aliases, module with build_parser() and run(args), one-line help)
 COMMANDS = ((("eval", "evaluate"), "launch.commands.evaluate", "accuracy, pass@k and mean@k of a model on a data file"),
             (("plot",), "launch.commands.plot", "plot runs' curves"),
-            (("doctor",), "launch.doctor.command", "check, node by node, that the cluster can run a run's flags"))
+            (("doctor",), "launch.doctor.command", "check, node by node, that the cluster can run a run's flags"),
+            (("scale",), "launch.commands.scale", "ask a live run for another actor count"))
 COMMAND_NAMES = {name for names, _, _ in COMMANDS for name in names}
 
 

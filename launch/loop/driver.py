@@ -234,6 +234,7 @@ class Driver:
                     self._retune(times, bool(evaluated))
                     outputs.write(self.position.step, groups, row)
                     self.recovery.check_actors_if_due()
+                    self.recovery.follow_scale_requests()  # `algo-train scale RUN_DIR --actors N`
             except Stop:
                 status = 130
         return self._finish(outputs, status)

@@ -51,6 +51,7 @@ class Placement:
         if plan.actors:
             self.groups["actors"] = placement_group([plan.actor_bundle.ray_resources()] * plan.actors,
                                                     strategy="SPREAD", name="actors")
+        self.more_actors: list = []  # groups reserved when the run was scaled up (`grow_actors`)
 
     def reserve(self) -> None:
         """Wait for both groups; on the deadline remove them and raise `ResourceError` with the figures."""
@@ -78,15 +79,51 @@ class Placement:
                 "--set placement_timeout_s=S while nodes are still joining.")
 
     def strategy(self, group: str, bundle: int = -1):
-        """Scheduling strategy that runs a role in bundle `bundle` (-1 = any free one) of `group`."""
+        """Scheduling strategy that runs a role in bundle `bundle` (-1 = any free one) of `group`; an actor
+        numbered past the first group runs in the group `grow_actors` reserved for it."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return PlacementGroupSchedulingStrategy(placement_group=self.groups[group],
-                                                placement_group_bundle_index=bundle)
+        pg = self.groups[group]
+        if group == "actors" and bundle >= self.plan.actors:
+            pg, bundle = self._grown(bundle)
+        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+
+    def _grown(self, actor: int) -> tuple[object, int]:
+        """(group, bundle) of actor `actor` among the groups `grow_actors` reserved."""
+        first = self.plan.actors
+        for pg in self.more_actors:
+            if actor < first + pg.bundle_count:
+                return pg, actor - first
+            first += pg.bundle_count
+        raise ValueError(f"actor {actor} has no bundle reserved (grow_actors first)")
+
+    def actor_room(self) -> int:
+        """How many actors the reserved groups hold."""
+        return self.plan.actors + sum(pg.bundle_count for pg in self.more_actors)
+
+    def grow_actors(self, total: int):
+        """Reserve bundles for actors up to `total` (a run scaled up: `launch.state.scaling`) in one more
+        SPREAD group, without waiting: roles put in it wait in Ray's queue until Ray places it. Returns the
+        new group (None when the reserved ones hold `total` already), whose `wait` says when it is placed."""
+        from ray.util.placement_group import placement_group
+
+        if total <= self.actor_room():
+            return None
+        pg = placement_group([self.plan.actor_bundle.ray_resources()] * (total - self.actor_room()),
+                             strategy="SPREAD", name=f"actors-{len(self.more_actors) + 1}")
+        self.more_actors.append(pg)
+        return pg
+
+    def forget(self, pg) -> None:
+        """Give back a group `grow_actors` reserved (its scale-up was cancelled); it must be the last one."""
+        from ray.util.placement_group import remove_placement_group
+
+        assert self.more_actors and self.more_actors[-1] is pg, "only the last group grown can be given back"
+        remove_placement_group(self.more_actors.pop())
 
     def remove(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for pg in self.groups.values():
+        for pg in [*self.groups.values(), *self.more_actors]:
             remove_placement_group(pg)
-        self.groups = {}
+        self.groups, self.more_actors = {}, []

@@ -33,16 +33,37 @@ class ActorRole(RolloutActor):
     """One rollout actor (`actors.actor.RolloutActor`), its output in its log file (`launch.processes.roles.to_log_file`)."""
 
     def __init__(self, cfg, actor_id: int, model_dir: str, buffer_address: str, prompts,
-                 initial_version: int = 0, skip: list | None = None, secrets=None):
+                 initial_version: int = 0, skip: list | None = None, secrets=None, num_actors: int | None = None):
         """skip: (epoch, prompt) pairs never to generate (trained, discarded or held by the buffer:
-        `launch.state.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`)."""
+        `launch.state.ledger`); secrets: the run's client credentials for the buffer (`RunSecrets.public()`);
+        num_actors: how many shards the prompts are cut into (None: `rollout.num_actors`; a rescaled run's
+        own count otherwise)."""
         to_log_file()
         if joins_cluster(cfg):  # the engine's own processes talk over this node's address
             os.environ.setdefault("VLLM_HOST_IP", node_host(cluster=True))
         super().__init__(cfg, actor_id=actor_id, model_dir=model_dir, buffer_address=buffer_address,
-                         prompts=prompts, initial_version=initial_version, secrets=secrets)
+                         prompts=prompts, initial_version=initial_version, secrets=secrets, num_actors=num_actors)
+        self._prompts, self._seed = prompts, cfg.seed  # every prompt: a rescaled run cuts new shards
         if skip:
             self.core.cursor.skip(skip)
+
+    def reshard(self, num_actors: int, skip: list) -> None:
+        """Take shard `actor_id::num_actors` of the prompts, walking it from the top past `skip` (every
+        prompt the ledger and the buffer account for): the run's actor count changed
+        (`launch.state.scaling`). Only between rollouts (after `stop`): nothing of the old shard is in
+        flight then. The engine's concurrency is sized again for the new count when rollouts restart."""
+        from actors.prompts import PromptCursor, shard
+
+        async def swap():
+            core = self.core
+            if core._run_task is not None and not core._run_task.done():
+                raise RuntimeError(f"{core.name}: reshard() while its rollouts run (stop them first)")
+            core.num_actors, core.load = num_actors, None
+            core.cursor = PromptCursor(shard(self._prompts, core.actor_id, num_actors), seed=self._seed,
+                                       actor_id=core.actor_id)
+            core.cursor.skip(skip)
+
+        self._call(swap())
 
     def start(self) -> int:
         """Start the engine and the group delivery (`RolloutActor.start`); returns this process's id."""

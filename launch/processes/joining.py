@@ -79,6 +79,11 @@ class EngineStarts:
                 self._launch(self._next.pop(i))
         return done, failed
 
+    def drop(self, ids: list[int]) -> None:
+        """Forget the starts of actors `ids` (they were killed: a cancelled scale-up)."""
+        self._pending = {ref: i for ref, i in self._pending.items() if i not in ids}
+        self._next = {i: j for i, j in self._next.items() if i not in ids and j not in ids}
+
     def wait(self) -> dict[int, object]:
         done: dict[int, object] = {}
         while self._pending:

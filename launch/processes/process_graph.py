@@ -32,6 +32,7 @@ from launch.planning.cluster import cluster_nodes, init_ray, joins_cluster
 from launch.prep.data import RunData
 from launch.processes.joining import EngineStarts, first_failure, shares_gpus, unformed_line
 from launch.processes.learner_ranks import LearnerDied, LearnerRanks
+from launch.processes.membership import Membership
 from launch.processes.roles import LOG_FILE_ENV, LearnerRank, LocalRole, named
 
 
@@ -45,7 +46,7 @@ class WeightSyncUnformed(RoleLost):
     waiting): one line naming the role, its error and what to check (`joining.unformed_line`)."""
 
 
-class ProcessGraph(LearnerRanks):
+class ProcessGraph(LearnerRanks, Membership):
     def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print,
                  log_dir: Path | None = None):
         """secrets: the run's client credentials (`RunSecrets.public()`) handed to every actor; the
@@ -64,6 +65,8 @@ class ProcessGraph(LearnerRanks):
         self.live: list[int] = []  # actors in the weight-sync group, generating: all but successors starting
         self._replacing: EngineStarts | None = None  # successors' engine starts in flight (`begin_replacing`)
         self._replaced: dict[int, int] = {}  # --serial: successors started, until `poll_replacements` says so
+        self._growth = None  # a scale-up's (placement group, actor ids, time.monotonic() asked), until all are up
+        self.shards = 0  # the prompts are cut into this many shards, one per actor (`start_actors`, `reshard`)
         self._actors_since = 0.0  # monotonic time `start_actors` began
         self.restarts = 0
         self._where: dict[str, dict] = {}  # role -> {pid, host}, as of the last `where()`
@@ -131,6 +134,7 @@ class ProcessGraph(LearnerRanks):
         return self._ray.remote(cls).options(**opts).remote
 
     def _new_actor(self, i: int, skip: list[Key], version: int):
+        """Actor `i` on shard i::`shards` (an actor added by a scale-up is resharded before it generates)."""
         from launch.processes.actor_role import ActorRole, actor_env
 
         r = self.cfg.rollout
@@ -140,7 +144,7 @@ class ProcessGraph(LearnerRanks):
         make = self._make(ActorRole, num_cpus=r.cpus_per_actor, num_gpus=r.gpus_per_actor, max_concurrency=4,
                           env=env, bundle=i, role=f"actor-{i}")
         return make(self.cfg, i, str(self.model_dir), self.buffer_address, self._train, version,
-                    [list(k) for k in skip], self.secrets)
+                    [list(k) for k in skip], self.secrets, max(self.shards, i + 1))
 
     def start_actors(self, skip: list[Key], version: int = 0) -> None:
         """Create the actors and start their engines, without waiting (`await_actors` does): the learner
@@ -150,7 +154,8 @@ class ProcessGraph(LearnerRanks):
         # the training prompts: put in Ray's object store once, not pickled into every actor's arguments
         self._train = self.data.train if self.serial else self._ray.put(self.data.train)
         self._actors_since = time.monotonic()
-        self.actors = [self._new_actor(i, skip, version) for i in range(self.cfg.rollout.num_actors)]
+        self.shards = self.cfg.rollout.num_actors
+        self.actors = [self._new_actor(i, skip, version) for i in range(self.shards)]
         self._starting = self._start_engines(list(range(len(self.actors))))
 
     def _start_engines(self, ids: list[int], more: EngineStarts | None = None) -> EngineStarts | list:
@@ -265,39 +270,6 @@ class ProcessGraph(LearnerRanks):
                     pass
             else:
                 self.log(f"[graph] actor {i} was not reported dead within {timeout_s:.0f}s of its kill")
-
-    def begin_replacing(self, ids: list[int], skip: list[Key], version: int) -> None:
-        """Start successors of the (killed) actors `ids`, skipping the prompts `skip` (see `ActorRole`),
-        whose weights are labelled `version`, without waiting for their engines (`poll_replacements`).
-        They leave `live` now, and neither join the weight sync nor generate until `admit`ted."""
-        self.live = [i for i in self.live if i not in ids]
-        for i in ids:
-            self.actors[i] = self._new_actor(i, skip, version)
-        if self.serial:
-            self._replaced.update(zip(ids, self._start_engines(ids)))
-        else:
-            self._replacing = self._start_engines(ids, more=self._replacing)
-        self.restarts += len(ids)
-
-    @property
-    def replacing(self) -> list[int]:
-        """Successors whose engines are still starting."""
-        return sorted(self._replaced) if self.serial else self._replacing.pending if self._replacing else []
-
-    def poll_replacements(self, timeout_s: float | None = 0.0) -> tuple[dict[int, int], dict[int, BaseException]]:
-        """({actor: pid} of the successors whose engines came up since the last call, {actor: error} of
-        those whose start failed), waiting up to `timeout_s` (None: without limit) for a first one."""
-        if self.serial:
-            up, self._replaced = self._replaced, {}
-            return up, {}
-        up, failed = self._replacing.poll(timeout_s) if self._replacing else ({}, {})
-        for i, pid in up.items():
-            self.pids[i] = pid
-        return up, failed
-
-    def admit(self, ids: list[int]) -> None:
-        """Successors `ids` become live: the next `connect_weight_sync` includes them."""
-        self.live = sorted(set(self.live) | set(ids))
 
     def delivered_since(self, wall_time: float) -> dict[int, list]:
         """{actor: (epoch, prompt) keys the buffer acknowledged since `wall_time`}, asked of every live

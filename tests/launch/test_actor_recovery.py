@@ -31,6 +31,7 @@ class StandInGraph:
         self.delivered: dict[int, list] = {}  # actor -> [(wall time, key)] the buffer acknowledged
         self.actors, self.pids, self.restarts = [object(), object()], [100, 101], 0
         self.live, self.replacing, self.engines_up, self.start_error = [0, 1], [], False, None
+        self.shards = 2
         self.calls: list[tuple] = []
         self.dead: dict[int, str] = {}
         self.fail_next_push = False
@@ -80,6 +81,27 @@ class StandInGraph:
 
     def admit(self, ids):
         self.live = sorted(set(self.live) | set(ids))
+
+    def begin_adding(self, count, version):
+        ids = list(range(len(self.actors), len(self.actors) + count))
+        self.calls.append(("add", ids, version))
+        self.actors += [object()] * count
+        self.pids += [190 + i for i in ids]  # poll adds 10: actor 2 is up as pid 202
+        self.replacing += ids
+        return ids
+
+    def remove_actors(self, ids):
+        self.calls.append(("remove", ids))
+        keep = len(self.actors) - len(ids)
+        self.actors, self.pids, self.live = self.actors[:keep], self.pids[:keep], [i for i in self.live if i < keep]
+        self.replacing = [i for i in self.replacing if i < keep]
+
+    def reshard(self, n, skip):
+        self.calls.append(("reshard", list(self.live), n, sorted(skip)))
+        self.shards = n
+
+    def stop_actors(self, drain, timeout_s):
+        self.calls.append(("stop", list(self.live), drain))
 
     def delivered_since(self, wall_time):
         self.calls.append(("delivered_since", wall_time))
@@ -294,5 +316,93 @@ def test_an_actor_that_dies_while_another_is_restarted_is_restarted_too(buffer, 
                                                              "[actor] actor 1 restarted as pid 111"]
         roles = json.loads((tmp_path / "processes.json").read_text())
         assert (roles["actor/0"]["pid"], roles["actor/1"]["pid"]) == (110, 111)
+    finally:
+        driver.client.close()
+
+
+def _ask(run_dir, actors: int) -> None:
+    import os
+    import time
+
+    from launch.state.scaling import REQUEST, write_request
+
+    write_request(run_dir, actors)
+    later = time.time() + 1  # a request is new when its file is: the next one is a second later here
+    os.utime(run_dir / REQUEST, (later, later))
+
+
+def test_a_scale_up_starts_actors_in_the_background_and_they_join_together_on_new_shards(buffer, tmp_path):
+    """2 -> 4 actors: actors 2 and 3 start while training goes on; actor 2 up alone does not join; once
+    both are up, every live actor delivers what it has in flight (stop with drain), all four take shards
+    i::4 walked past what the ledger and the buffer account for, then one group and one push, then all
+    generate. Then 4 -> 1: the drain, actors 1-3 leave (killed, their credit released), actor 0 takes i::1."""
+    graph, said = StandInGraph(buffer), []
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=said.append))
+    try:
+        driver.position.ledger.record(0, [(0, 1), (0, 2)])
+        driver.position.step = 1
+        driver.recovery.follow_scale_requests()
+        assert graph.calls == []  # no request: nothing
+        _ask(tmp_path, 4)
+        driver.recovery.follow_scale_requests()
+        assert graph.calls == [("add", [2, 3], 1)] and graph.live == [0, 1]
+        assert said[-1] == "[scale] asked for 4 actors: actors 2, 3 start in the background and training goes on with 2"
+        driver.recovery.follow_scale_requests()  # the same request is not taken up twice
+        assert graph.calls == [("add", [2, 3], 1)]
+
+        graph.calls, graph.engines_up, graph.replacing = [], True, [2]  # actor 2 is up, actor 3 not yet
+        assert driver.recovery.admit_successors() is False and graph.calls == [] and graph.live == [0, 1]
+        graph.replacing = [3]
+        driver.position.step = 2
+        assert driver.recovery.admit_successors() is True
+        assert graph.calls == [("finish",), ("stop", [0, 1, 2, 3], True), ("reshard", [0, 1, 2, 3], 4, [(0, 1), (0, 2)]),
+                               ("connect", [0, 1, 2, 3]), ("push", 2), ("rollouts", [0, 1, 2, 3])]
+        assert said[-1].startswith("[scale] actors 2, 3 joined (pids 202, 203) at version 2 in ")
+        assert said[-1].endswith("s: the run has 4 actors, each on shard i::4")
+
+        with BufferClient(buffer, "actor-3") as leaver:  # credit the leaver holds is released when it goes
+            assert leaver.request_credit(1, 0).granted == 1
+        graph.calls = []
+        _ask(tmp_path, 1)
+        driver.recovery.follow_scale_requests()
+        assert graph.calls == [("finish",), ("stop", [0, 1, 2, 3], True), ("remove", [1, 2, 3]),
+                               ("reshard", [0], 1, [(0, 1), (0, 2)]), ("connect", [0]), ("push", 2), ("rollouts", None)]
+        assert driver.client.stats()["credits_outstanding"] == 0
+        assert said[-1].startswith("[scale] asked for 1 actors: actors 1, 2, 3 left after delivering what they had "
+                                   "in flight, in ")
+        assert json.loads((tmp_path / "processes.json").read_text()).keys() >= {"actor/0"}
+    finally:
+        driver.client.close()
+
+
+def test_a_scale_up_whose_actors_cannot_start_is_cancelled_and_the_run_goes_on(buffer, tmp_path):
+    from launch.planning.resources import ResourceError
+
+    graph, said = StandInGraph(buffer), []
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=said.append))
+    try:
+        _ask(tmp_path, 3)
+        driver.recovery.follow_scale_requests()
+        graph.engines_up, graph.start_error = True, ResourceError("Ray could not place 1 more actor(s) within 600 s")
+        assert driver.recovery.admit_successors() is False  # no RoleLost: the run keeps its 2 actors
+        assert graph.calls[-1] == ("remove", [2]) and len(graph.actors) == 2
+        assert said[-1] == ("[scale] the scale-up to 3 actors was cancelled (ResourceError: Ray could not place 1 "
+                            "more actor(s) within 600 s); the run stays at 2 actors")
+    finally:
+        driver.client.close()
+
+
+def test_a_request_written_before_the_run_started_is_not_taken_up(buffer, tmp_path):
+    from launch.state.scaling import write_request
+
+    write_request(tmp_path, 5)  # left by an earlier incarnation of the run: a resume's --actors decides
+    graph = StandInGraph(buffer)
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+    try:
+        driver.recovery.follow_scale_requests()
+        assert graph.calls == []
     finally:
         driver.client.close()

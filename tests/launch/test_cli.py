@@ -46,7 +46,7 @@ def test_no_flag_is_abbreviated_and_a_mistyped_one_gets_the_closest(capsys):
 def test_commands_are_subparsers(capsys):
     assert refusal(["evalu", "--model", "m"], capsys) == (
         "algo-train: error: argument COMMAND: invalid choice: 'evalu' (choose from 'train', 'eval', 'evaluate', "
-        "'plot', 'doctor') — did you mean 'eval'?")
+        "'plot', 'doctor', 'scale') — did you mean 'eval'?")
     assert refusal(["--algo", "grpo", "eval"], capsys) == (
         "algo-train: error: eval: a command comes first — algo-train eval [its flags]")
     for argv, usage in ((["evaluate", "--help"], "usage: algo-train eval [-h] --model DIR --data FILE"),

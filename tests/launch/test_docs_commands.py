@@ -116,6 +116,11 @@ def check(cmd: Command) -> str | None:
     """None when the command would start; else the refusal (what `algo-train` prints after its name)."""
     if cmd.argv[:1] == ["plot"]:  # takes run folders only
         return None if len(cmd.argv) > 1 else "plot needs a run folder"
+    if cmd.argv[:1] == ["scale"]:  # a live run's folder and a count: its parser, nothing to plan
+        from launch.commands.scale import build_parser as scale_parser
+
+        scale_parser().parse_args(cmd.argv[1:])
+        return None
     if cmd.argv[:1] == ["eval"]:
         from launch.commands.evaluate import build_parser as eval_parser
 
