@@ -2,8 +2,9 @@
 Qwen2.5-7B-shaped model (15.2 GB in bf16) staged to host memory by `WeightSender.prepare`, as learner rank 0
 stages every push.
 
-What it shows, per push: how long `prepare` and the staging copies take (the first push allocates and
-registers the host buffers with cudaHostRegister, later ones reuse them: N2's first-push latency), the host
+What it shows: how long allocating and registering the host buffers takes (`reserve_staging`, what learner
+rank 0 does when its weight-sync group forms, from the model's shapes), then per push how long `prepare` and
+the staging copies take (every push, the first included, only copies into those buffers), the host
 bytes registered against `weightsync.staging.pinned_staging_bytes` (the figure the start line and the doctor
 print), that torch's pinned-memory cache did not grow (it would round every block up to a power of two), and
 that nothing of a push stays on the GPU once it is staged (C2). Pushes: 1 dense, then `--pushes` − 1 deltas
@@ -12,7 +13,8 @@ after staging as a completed send releases it, so the next one reuses its memory
 
 The sender's data plane is gloo (the staging is the same for NCCL; gloo's plane needs no vLLM and opens
 nothing until a push is sent, and none is). Needs ~2× the payload in host RAM in delta mode (30.5 GB for
-7B). `--shape tiny --device cpu` runs the code path on a CPU (nothing is staged there).
+7B, reserved before push 1 even with `--pushes 1`). `--shape tiny --device cpu` runs the code path on a CPU
+(nothing is staged there).
 
     python bench/gpu_smoke_staging.py [--shape 7b --pushes 3 --stride 50]
 """
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     sender = WeightSender(1, token="smoke" * 13, mode="delta", full_every=10**6)
     pushes, problems = [], []
     try:
+        t0 = time.perf_counter()
+        sender.reserve_staging([(n, w.shape, w.dtype) for n, w in weights.items()], device)
+        reserve_s = time.perf_counter() - t0
         for k in range(1, args.pushes + 1):
             if k > 1:  # a learner step: every stride-th element of every weight changes
                 for w in weights.values():
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             del payload, tensors
     finally:
         sender.close()
-    want = pinned_staging_bytes(dense, "delta" if args.pushes > 1 else "full", tensors=len(weights)) if cuda else 0
+    want = pinned_staging_bytes(dense, "delta", tensors=len(weights)) if cuda else 0
     last = pushes[-1]
     if cuda and abs(last["host_registered_gb"] * GB - want) > 0.001 * GB:
         problems.append(f"{last['host_registered_gb']:.3f} GB of host memory registered, "
@@ -122,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and last["torch_pinned_growth_gb"] > 0.01:
         problems.append(f"torch's pinned-memory cache grew by {last['torch_pinned_growth_gb']:.2f} GB")
     out = {"device": str(device), "shape": args.shape, "tensors": len(weights), "dense_gb": round(dense / GB, 3),
-           "pinned_staging_gb_expected": round(want / GB, 3), "pushes": pushes}
+           "pinned_staging_gb_expected": round(want / GB, 3), "reserve_s": round(reserve_s, 2), "pushes": pushes}
     first, later = pushes[0], pushes[1:]
-    out["summary"] = (f"{len(weights)} tensors, {dense / GB:.2f} GB: push 1 (dense) prepare {first['prepare_s']:.1f} s "
+    out["summary"] = (f"{len(weights)} tensors, {dense / GB:.2f} GB: reserve {reserve_s:.1f} s; "
+                      f"push 1 (dense) prepare {first['prepare_s']:.1f} s "
                       f"+ {first['ready_s']:.1f} s"
                       + "".join(f"; push {p['push']} ({p['mode']}, {p['changed_frac']:.1%}) {p['prepare_s']:.1f} "
                                 f"+ {p['ready_s']:.1f} s" for p in later)

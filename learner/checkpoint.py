@@ -2,8 +2,9 @@
 and HF exports of the policy that transformers and vLLM load.
 
 Layout of `checkpoints/step_<N>/`:
-  policy/shard-<r+1>-model-00001-of-00001.safetensors   rank r's pieces of the policy (`save_sharded`):
-      "model.<fqn>" fp32 master weights, "optim.state.<fqn>.<key>" AdamW moments and step counter
+  policy/shard-<r+1>-model-<i>-of-<k>.safetensors       rank r's pieces of the policy (`save_sharded`):
+      "model.<fqn>" fp32 master weights, "optim.state.<fqn>.<key>" AdamW moments and step counter, in
+      k <= SAVE_FILES files of about equal bytes, each written by a thread of its own
   prime_prm/shards/..., prime_prm/prm_state.json        an auxiliary trainable model's (PRIME's PRM), same form
   rng/rank_<r>.{safetensors,json}                        each rank's torch/CUDA/numpy/python RNG states
   hf_config/                                             config.json (dtype = the serving dtype),
@@ -63,6 +64,7 @@ from learner.fsdp import ensure_sharded, hf_name
 
 STATE_FILE = "learner_state.json"
 EXPORT_SHARD_BYTES = 2 << 30  # an export's weights files hold at most this many bytes each (serving dtype)
+SAVE_FILES = 8  # a rank writes its sharded state into at most this many files, one writer thread each
 
 
 def optimizer_steps(state: dict) -> int:
@@ -216,7 +218,33 @@ def save_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Opti
                     raise TypeError(f"optimizer state {fqn}.{key} is a {type(value).__name__}; only tensors are "
                                     "checkpointed")
         state["optim"] = {"state": optim["state"]}
-    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(directory), save_distributed=True))
+    files = _file_plan(state)
+    dcp.save(state, storage_writer=HuggingFaceStorageWriter(
+        str(directory), fqn_to_index_mapping=files or None, thread_count=max(files.values(), default=1),
+        save_distributed=True))
+
+
+def _file_plan(state: dict) -> dict[str, int]:
+    """{key as DCP flattens it ("model.<fqn>", "optim.state.<fqn>.<key>"): file 1..k}: the tensors dealt
+    largest first onto the lightest of k = min(SAVE_FILES, tensors) files, so the files hold about equal bytes.
+
+    Why: DCP's HF writer hands its threads whole files (torch `hf_storage.py` `write_data` queues one
+    file per index of this mapping, `filesystem.py` `_write_data` starts `thread_count` threads that each
+    take files from that queue), so with one file per rank a 7B checkpoint (~91 GB: fp32 weights and two
+    AdamW moments) is copied to the host, serialised and written by one thread per rank, whatever
+    `thread_count` says. Sizes are the full tensors' (a DTensor's numel), so every rank plans the same
+    files; DCP applies the coordinator's plan to all ranks anyway (`prepare_global_plan`)."""
+    flat = {f"model.{k}": v for k, v in state["model"].items()}
+    for fqn, entries in state.get("optim", {}).get("state", {}).items():
+        flat |= {f"optim.state.{fqn}.{key}": v for key, v in entries.items()}
+    order = sorted(flat, key=lambda k: (-flat[k].numel() * flat[k].element_size(), k))
+    loads = [0] * min(SAVE_FILES, len(order))
+    plan = {}
+    for k in order:
+        i = loads.index(min(loads))
+        plan[k] = i + 1
+        loads[i] += flat[k].numel() * flat[k].element_size()
+    return plan
 
 
 def load_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -232,7 +260,7 @@ def load_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Opti
     state = {"model": model}
     if optim is not None:
         state["optim"] = {"state": optim["state"]}
-    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(directory)))
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(directory), thread_count=SAVE_FILES))
     set_model_state_dict(module, model | {a: model[f] for a, f in _tied_aliases(module).items()})
     if optim is not None:
         set_optimizer_state_dict(module, opt, optim)

@@ -44,6 +44,13 @@ def serving_weights(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str
         yield from _unit_weights(unit, prefix, dtype)
 
 
+def serving_shapes(policy: nn.Module, dtype: torch.dtype) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """(HF name, full shape, `dtype`) of each tensor `serving_weights(policy, dtype)` yields, gathering
+    nothing (a DTensor's shape is the full one): what rank 0's weight sender reserves host memory for
+    before the first push (`weightsync.sender.WeightSender.reserve_staging`)."""
+    return [(hf_name(name), p.shape, dtype) for name, p in policy.named_parameters()]
+
+
 def _own_parameters(unit: nn.Module, prefix: str) -> list[tuple[str, nn.Parameter]]:
     """The parameters `unit`'s FSDP group manages: those not under a nested FSDP unit."""
     nested = tuple(f"{n}." for n, m in unit.named_modules() if m is not unit and isinstance(m, FSDPModule))

@@ -31,9 +31,12 @@ The buffers are ordinary allocations whose pages are registered with ``cudaHostR
 two and keeps it cached for the life of the process (``CachingHostAllocator.h``), so a 7B bf16
 payload of 15.2 GB took 29 GB of pinned memory, about 58 GB in delta mode (a second set of blocks
 for the next baseline), all allocated on the first pushes' critical path. Now 15.2 GB, 30.5 GB in
-delta mode (``pinned_staging_bytes``), allocated by the first push and then reused. A buffer is
-reused only after the push that filled it was sent: a payload prepared before the previous one was
-sent, or after a failed send (whose abandoned thread may still read it), gets new buffers.
+delta mode (``pinned_staging_bytes``), allocated ahead of the first push (``StagingArea.reserve``,
+from the model's parameter shapes: page-locking 15-30 GB takes seconds, which the first push would
+spend between two training steps) and then reused, by the next sender too (``handed_over``: a weight-sync
+group rebuilt after an actor restart). A buffer is reused only after the push that filled it was
+sent: a payload prepared before the previous one was sent, or after a failed send (whose abandoned
+thread may still read it), gets new buffers.
 
 Every CUDA call goes through ``CudaOps`` so that the tests can check the choreography and the memory
 on a machine without CUDA (a fake ops object recording the calls). NOT yet run on a GPU here.
@@ -242,6 +245,31 @@ class StagingArea:
         with self._lock:
             if self._holder == seq:
                 self._holder = None
+
+    def reserve(self, sizes: list[tuple[str, int]], delta: bool) -> int:
+        """Allocate now what a push of tensors of ``sizes`` ((name, bytes) each) will be staged in: a
+        buffer per tensor and, with ``delta``, the patch arena as ``HostStager.expect_delta`` sizes it, so
+        the first push only copies. Returns the bytes allocated so far (``pinned_staging_bytes``)."""
+        with self._lock:
+            if self._holder is not None:  # a push's bytes are here: the next one gets new buffers anyway
+                return self.memory.allocated
+            for name, nbytes in sizes:
+                if nbytes:  # an empty tensor is never staged (``HostStager.weight``)
+                    self.memory.slot(name, nbytes)
+            if delta and sizes:
+                self.memory.patch_arena(sum(n for _, n in sizes) + 2 * ALIGN * len(sizes))
+            return self.memory.allocated
+
+    def handed_over(self) -> StagingArea:
+        """The area of the sender that replaces this one's: this memory when every push staged in it was
+        sent, else new (an unsent or failed push may still be read). A new object, so that a release
+        by this sender's send thread can never free a push of the next sender's."""
+        with self._lock:
+            area = StagingArea(self.ops)
+            if self._holder is None:
+                area.memory = self.memory
+            self._holder = -1  # this area stages nothing more: its memory is the next sender's
+            return area
 
 
 def wait_ready(ready) -> None:

@@ -147,6 +147,7 @@ class LearnerRank:
             os.environ.update({"MASTER_ADDR": url.hostname, "MASTER_PORT": str(url.port)})
         self.cfg, self.rank, self.cluster, self._rendezvous = cfg, rank, cluster, rendezvous
         self.sender = None
+        self._staging = None  # a closed group's staging memory, for the next group (reset_sender)
         self._push: Future | None = None  # rank 0's push in flight (push_weights / push_result)
         self._push_thread = ThreadPoolExecutor(1, thread_name_prefix="weight-push")
         build = ThreadPoolExecutor(1, thread_name_prefix=f"learner-rank-{rank}")
@@ -171,11 +172,14 @@ class LearnerRank:
         from weightsync.sender import WeightSender
 
         self._built.result()
+        staging = None  # the pushes' host memory, kept from one group to the next (`weightsync.staging`)
         if self.sender is not None:
             self.sender.close()  # a push still in flight on it fails at once and is dropped:
             self.push_result(raise_error=False)  # the new group starts with a full push of the current version
+            staging = self.sender.staging_handover()
             self.sender = None
         if num_receivers == 0:
+            self._staging = staging
             return None
         ws = self.cfg.weight_sync
         engine = self.cfg.rollout.engine
@@ -183,11 +187,20 @@ class LearnerRank:
                                    bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s,
                                    connect_timeout_s=ws.connect_timeout_s, backend=ws.backend,
                                    tp=engine.tensor_parallel_size,
-                                   mode=ws.mode, full_every=ws.full_every, min_gbps=ws.min_gbps)
+                                   mode=ws.mode, full_every=ws.full_every, min_gbps=ws.min_gbps,
+                                   staging=staging or self._staging)
+        self._staging = None
         return self.sender.address
 
     def connect_sender(self) -> None:
+        """Allocate the pushes' page-locked host memory from the policy's shapes (a GPU learner: seconds
+        for a 7B model, spent here while the actors join instead of in the first push), then wait for
+        every actor to join the group."""
         if self.sender is not None:
+            from learner.gather import serving_shapes
+
+            learner = self.learner
+            self.sender.reserve_staging(serving_shapes(learner.policy, learner.compute_dtype), learner.device)
             self.sender.connect()
 
     def step(self, groups, version: int) -> dict:

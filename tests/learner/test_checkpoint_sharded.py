@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from learner import checkpoint
 from learner.checkpoint import export_hf
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
@@ -17,11 +18,12 @@ pytestmark = pytest.mark.slow
 
 
 def _shard_files(path) -> dict[str, int]:
-    """{shard file name: how many tensor elements it holds} of a checkpoint's policy/ directory."""
-    out = {}
+    """{rank's file prefix "shard-<r+1>": how many tensor elements its files hold} of a checkpoint's policy/."""
+    out: dict[str, int] = {}
     for f in sorted((path / "policy").glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as h:
-            out[f.name] = sum(math.prod(h.get_slice(k).get_shape()) for k in h.keys())  # noqa: SIM118 (not a dict)
+            n = sum(math.prod(h.get_slice(k).get_shape()) for k in h.keys())  # noqa: SIM118 (not a dict)
+        out[f.name[:len("shard-00001")]] = out.get(f.name[:len("shard-00001")], 0) + n
     return out
 
 
@@ -45,9 +47,10 @@ def test_one_rank_checkpoint_resumes_on_two_and_back(tiny_dir, tokenizer, tmp_pa
     for k, v in w_one.items():  # wrong or missing Adam moments would move weights by ~lr = 1e-3
         np.testing.assert_allclose(w_two[k], v, atol=3e-5, rtol=0, err_msg=k)
     files_one, files_two = _shard_files(saved_one), _shard_files(tmp_path / "two")
-    # every rank wrote one file; FSDP2 splits dim 0 evenly, so each holds about half of the elements
+    # every rank wrote its own files; FSDP2 splits dim 0 evenly, so each holds about half of the elements
     # (the 0-dim AdamW step counters are written once, by one rank)
-    assert list(files_one) == ["shard-00001-model-00001-of-00001.safetensors"]
+    assert list(files_one) == ["shard-00001"]
+    assert len(list((saved_one / "policy").glob("*.safetensors"))) == checkpoint.SAVE_FILES  # in parallel
     assert len(files_two) == 2 and sum(files_two.values()) == sum(files_one.values())
     assert all(abs(n / sum(files_two.values()) - 0.5) < 0.05 for n in files_two.values()), files_two
 
