@@ -8,6 +8,7 @@ under its credit-based admission.
   actors.weights              weight updates through weightsync's receiver (pause keep -> load -> resume)
   actors.engine               engine arguments and start-up
   actors.generate             sampling + scoring one group, evaluation
+  actors.deadlines            progress deadline, group budget, wedged-engine detection of rollout requests
   actors.rows                 vLLM completions -> buffer.records.Sample (versions, log mu)
   actors.luffy                demonstration-guided rows
   actors.link                 buffer client thread, reconnects, outbox of un-acknowledged groups

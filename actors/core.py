@@ -21,7 +21,9 @@ Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> lo
 actor's engine, while its requests stay in flight). Per-token versions come from the engine itself
 (see `actors.rows`). After a failed or aborted push the engine serves weights of no version until
 the next complete push: the actor starts no prompt meanwhile, and groups sampled (in part) under no
-version are dropped and counted (`groups_no_version`). This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
+version are dropped and counted (`groups_no_version`); so are groups stalled past `rollout.deadlines.retries`,
+whose prompts go back into the shard (`groups_requeued`). A wedged engine (`actors.deadlines`) stops the
+actor's prompts and is reported as `engine_dead` (why), which the driver's health check replaces. This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
 on a private event loop for synchronous callers.
 """
 
@@ -41,7 +43,7 @@ import numpy as np
 
 import algos
 from actors.engine import EngineSpec, build_engine, shutdown_engine
-from actors.generate import GroupSampler, SamplingSettings
+from actors.generate import GroupDropped, GroupSampler, SamplingSettings
 from actors.link import Backoff, BufferDown, BufferLink, ClientFactory, Outbox
 from actors.luffy import plain_group_plan, plan_group
 from actors.occupancy import InFlight, sized, start_line
@@ -95,7 +97,7 @@ class AsyncActor(WeightUpdates):
         self._follow_task: asyncio.Task | None = None
         self.counts = {"groups_started": 0, "groups_acked": 0, "groups_failed": 0, "samples": 0,
                        "credit_requests": 0, "credit_denied": 0, "weight_updates": 0, "groups_no_version": 0,
-                       "sent_tokens": 0, "mixed_version_tokens": 0}
+                       "sent_tokens": 0, "mixed_version_tokens": 0, "groups_requeued": 0}
         self.times = {"credit_wait_s": 0.0, "generate_s": 0.0, "weight_update_s": 0.0, "weight_pause_s": 0.0,
                       "no_version_s": 0.0}
         self._t_start = None
@@ -123,7 +125,8 @@ class AsyncActor(WeightUpdates):
             self.engine, tokenizer,
             SamplingSettings.from_config(r),
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id,
-            salt_version=None if self.cfg.weight_sync.clear_cache else lambda: self.version)  # kept KV: salted prefixes
+            salt_version=None if self.cfg.weight_sync.clear_cache else lambda: self.version,  # kept KV: salted prefixes
+            deadlines=r.deadlines)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
         self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)
@@ -187,6 +190,8 @@ class AsyncActor(WeightUpdates):
         await self._release_unused()
         if self.engine is not None and self.engine.errored:
             raise RuntimeError(f"{self.name}: the vLLM engine died; see its log above")
+        if self._wedged():
+            raise RuntimeError(f"{self.name}: {self._wedged()}")
         if not self._stop.is_set():
             await self.outbox.drain()
         return started
@@ -194,6 +199,8 @@ class AsyncActor(WeightUpdates):
     async def _admit(self, max_groups: int | None, width: int, backoff: Backoff, stop_waiter) -> int:
         started = 0
         while not self._stop.is_set() and (max_groups is None or started < max_groups):
+            if self._wedged():  # the driver replaces this actor
+                break
             if len(self._tasks) >= width:
                 await asyncio.wait(self._tasks | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
                 continue
@@ -303,6 +310,12 @@ class AsyncActor(WeightUpdates):
         except asyncio.CancelledError:
             self._credits += 1  # released by run()'s epilogue
             raise
+        except GroupDropped as e:  # stalled past its retries: nothing delivered, the prompt generated again
+            logger.warning("%s: group dropped, its prompt re-queued: %s", self.name, e)
+            self.cursor.requeue([(epoch, item.prompt_index)])
+            self.counts["groups_requeued"] += 1
+            self._credits += 1
+            return
         except NoVersionError as e:  # sampled (in part) after a failed push: dropped, never trained
             logger.warning("%s: group of prompt %d dropped: %s", self.name, item.prompt_index, e)
             self.counts["groups_no_version"] += 1
@@ -371,6 +384,7 @@ class AsyncActor(WeightUpdates):
         return {"actor_id": self.actor_id, "version": self.version, "learner_version": self.learner_version,
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
                 **(self.sampler.reward_stats() if self.sampler else {}),  # reward_errors, reward_timeouts
+                **(self.sampler.deadline_stats() if self.sampler else {}),  # requests_aborted, members_regenerated
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
                 "prompts_in_flight": self.load.prompts if self.load else None, "seqs_in_flight": self.in_flight.mean(),
                 "seq_capacity": self.load.capacity if self.load else None,
@@ -378,4 +392,8 @@ class AsyncActor(WeightUpdates):
                 "credits_held": self._credits, **delivery,
                 "reconnects": self.link.reconnects + self.credit_link.reconnects,
                 "pid": os.getpid(),
-                "engine_dead": bool(self.engine is not None and self.engine.errored)}
+                # truthy = replace me (the driver's health check): vLLM's engine died, or why it is wedged
+                "engine_dead": bool(self.engine is not None and self.engine.errored) or self._wedged() or False}
+
+    def _wedged(self) -> str | None:
+        return self.sampler.wedged if self.sampler is not None else None

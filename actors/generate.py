@@ -11,6 +11,11 @@ handler. Rewards run on a thread pool because math-verify can take seconds. The 
 call of a batched TRL-style function) with the prompt item's `question`, `ground_truth` and `extra`; it
 never raises (failures score 0 and are counted: `reward_stats`).
 
+Deadlines (`rollout.deadlines`, `actors.deadlines`): a rollout request's samples that stop making progress,
+or outlast the group budget, are aborted by the `Watchdog` and regenerated together in one request (same
+prompt, a fresh seed and salt), up to `retries` times; past that, or on a wedged engine, `GroupDropped` is
+raised and the rest of the group's requests are cancelled, so no part of it is ever delivered.
+
 When pushes keep the engine's KV cache (`weight_sync.clear_cache` false), every request carries vLLM's
 `cache_salt` naming the weight version it starts under (`request_prompt`): the n samples of a group (and its
 guided rows) still share their prompt's cached blocks, but no request reads blocks computed under older weights.
@@ -20,20 +25,29 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from actors.deadlines import DeadlineClock, DecodeRate, Watchdog, limits_of
 from actors.luffy import GroupPlan, guided_request
 from actors.prompts import PromptItem
 from actors.rows import prefix_only_sample, sample_from_completion
 from buffer.records import Sample
 from tasks.rewards import score_all
 
+logger = logging.getLogger(__name__)
+
 
 class RequestAborted(RuntimeError):
     """The engine aborted a request (shutdown, or an abort-mode pause)."""
+
+
+class GroupDropped(RuntimeError):
+    """A group's aborted samples were regenerated `rollout.deadlines.retries` times and aborted again, or its
+    engine is wedged: nothing of the group is delivered, and its prompt goes back to the shard."""
 
 
 @dataclass
@@ -77,11 +91,12 @@ def request_prompt(prompt_ids: Sequence[int], salt_version: int | None = None) -
 class GroupSampler:
     """Generates and scores groups on one `AsyncLLM`. `salt_version`: returns the weight version a request
     starts under, read once per group (or evaluation) for the `cache_salt` of its requests (`request_prompt`);
-    None = unsalted requests (pushes clear the cache)."""
+    None = unsalted requests (pushes clear the cache). `deadlines`: the run's `rollout.deadlines`
+    (`configs.deadlines.DeadlinesConfig`) applied to its rollout requests; None = none."""
 
     def __init__(self, engine, tokenizer, settings: SamplingSettings, *, reward_fn: Callable[[str, str, str, dict], float],
                  name: str = "actor", reward_threads: int = 2, seed: int = 0,
-                 salt_version: Callable[[], int] | None = None):
+                 salt_version: Callable[[], int] | None = None, deadlines=None):
         import random
 
         self.engine, self.tokenizer, self.s, self.name = engine, tokenizer, settings, name
@@ -93,6 +108,20 @@ class GroupSampler:
         self._rng = random.Random(f"sampler/{seed}")
         self.generated_tokens = 0
         self.times = {"rows_s": 0.0, "reward_s": 0.0}  # actor-side work after generation (CPU seconds)
+        self.deadlines, self.retries = deadlines, deadlines.retries if deadlines is not None else 0
+        self.clock = DeadlineClock() if deadlines is not None else None
+        self.rate = DecodeRate()
+        self.watchdog = None if deadlines is None else Watchdog(engine, self.limits, self.clock, name)
+        self.members_regenerated = 0
+
+    def limits(self) -> tuple[float | None, float | None]:
+        """(progress_s, group_s) in force now (`actors.deadlines.limits_of`)."""
+        return limits_of(self.deadlines, self.rate.step_s, self.s.max_tokens)
+
+    @property
+    def wedged(self) -> str | None:
+        """Why the watchdog found the engine wedged (for good), else None."""
+        return self.watchdog.wedged if self.watchdog is not None else None
 
     def _params(self, n: int, max_tokens: int, temperature: float, seed: int | None):
         from vllm import SamplingParams
@@ -103,19 +132,52 @@ class GroupSampler:
                               top_k=self.s.top_k if sampled else 0, max_tokens=max_tokens, logprobs=0,
                               flat_logprobs=True, seed=seed, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
-    async def _request(self, prompt_ids: Sequence[int], params, tag: str, salt: int | None) -> list:
+    async def _request(self, prompt_ids: Sequence[int], params, tag: str, salt: int | None,
+                       watch: bool = False) -> list:
         """Completions of one request (salted by version `salt`, if any), in sample order. An aborted
-        request raises."""
+        request raises, unless the watchdog aborted it (`watch`: under the deadlines): those samples come
+        back with finish_reason "abort". A request that finished whole is a measurement of the decode rate."""
         final = None
         rid = f"{self.name}-{tag}-{next(self._ids)}"
-        async for out in self.engine.generate(request_prompt(prompt_ids, salt), params, request_id=rid):
-            final = out
+        attempt = self.watchdog.watch(rid) if watch and self.watchdog is not None else None
+        ended = False
+        try:
+            async for out in self.engine.generate(request_prompt(prompt_ids, salt), params, request_id=rid):
+                final = out
+            ended = True
+        finally:
+            if attempt is not None:
+                self.watchdog.done(rid, ended and not attempt.aborted)
         if final is None or not final.finished:
             raise RuntimeError(f"{self.name}: request {rid} ended without a final output")
         comps = sorted(final.outputs, key=lambda c: c.index)
-        if any(c.finish_reason == "abort" for c in comps):
+        cut = attempt.aborted if attempt is not None else {}
+        if any(c.finish_reason == "abort" and c.index not in cut for c in comps):
             raise RequestAborted(f"{self.name}: request {rid} was aborted")
+        if attempt is not None and not cut:
+            self.rate.observe(self.clock.now() - attempt.started, max(len(c.token_ids) for c in comps))
         return comps
+
+    async def _samples(self, engine_prompt: Sequence[int], n: int, max_tokens: int, tag: str, salt: int | None,
+                       prompt_index: int) -> list:
+        """The n completions of one rollout request, with the samples the watchdog aborted regenerated (module
+        docstring); `GroupDropped` when they cannot be."""
+        comps = await self._request(engine_prompt, self._params(n, max_tokens, self.s.temperature, self._seed()),
+                                    tag, salt, watch=True)
+        for retry in itertools.count(1):
+            redo = [i for i, c in enumerate(comps) if c.finish_reason == "abort"]
+            if not redo:
+                return comps
+            if self.wedged is not None or retry > self.retries:
+                raise GroupDropped(f"prompt {prompt_index}: " + (self.wedged or f"samples {redo} were aborted after "
+                                   f"{self.retries} regeneration(s) (rollout.deadlines.retries)"))
+            self.members_regenerated += len(redo)
+            logger.warning("%s: prompt %d: regenerating aborted sample(s) %s (retry %d of %d)", self.name,
+                           prompt_index, redo, retry, self.retries)
+            again = await self._request(engine_prompt, self._params(len(redo), max_tokens, self.s.temperature,
+                                                                    self._seed()), tag, self._salt(), watch=True)
+            for i, c in zip(redo, again):
+                comps[i] = c
 
     def _seed(self) -> int | None:
         return self._rng.randrange(2**31 - 1024) if self.s.seeded else None
@@ -131,8 +193,7 @@ class GroupSampler:
         salt = self._salt()  # one version for the whole group: its requests share the prompt's blocks
         jobs, kinds = [], []
         if plan.on_policy:
-            jobs.append(self._request(item.prompt_ids, self._params(plan.on_policy, T, self.s.temperature,
-                                                                    self._seed()), "g", salt))
+            jobs.append(self._samples(item.prompt_ids, plan.on_policy, T, "g", salt, item.prompt_index))
             kinds.append(("on", None, 0.0))
         for ratio in plan.guided:
             if item.demo_ids is None:
@@ -141,12 +202,11 @@ class GroupSampler:
             engine_prompt, prefix = guided_request(item.prompt_ids, item.demo_ids, self.eos_id, ratio)
             budget = T - len(prefix)
             if budget > 0:
-                jobs.append(self._request(engine_prompt, self._params(1, budget, self.s.temperature,
-                                                                      self._seed()), "p", salt))
+                jobs.append(self._samples(engine_prompt, 1, budget, "p", salt, item.prompt_index))
             else:
                 jobs.append(_none())
             kinds.append(("guided", prefix, ratio))
-        results = await asyncio.gather(*jobs)
+        results = await _all(jobs)
         rows: list[tuple[object, list[int] | None, float]] = []  # (completion or None, prefix, ratio)
         for (_, prefix, ratio), comps in zip(kinds, results):
             if comps is None:
@@ -196,6 +256,11 @@ class GroupSampler:
         n = len(rewards)
         return {"accuracy": sum(rewards) / n if n else float("nan"), "n": n}
 
+    def deadline_stats(self) -> dict:
+        """Counts of the deadlines: samples aborted and regenerated (0 without deadlines)."""
+        aborted = self.watchdog.counts["requests_aborted"] if self.watchdog is not None else 0
+        return {"requests_aborted": aborted, "members_regenerated": self.members_regenerated}
+
     def reward_stats(self) -> dict:
         """The reward's failure counts (`tasks.rewards.Scorer.stats`; {} for a plain function)."""
         return self.reward_fn.stats() if hasattr(self.reward_fn, "stats") else {}
@@ -203,9 +268,24 @@ class GroupSampler:
     def close(self) -> None:
         """Stop the reward threads and the reward's worker process, if it has one."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.watchdog is not None:
+            self.watchdog.close()
         if hasattr(self.reward_fn, "close"):
             self.reward_fn.close()
 
 
 async def _none():
     return None
+
+
+async def _all(jobs) -> list:
+    """The results of `jobs`, run concurrently; the first failure cancels the others (vLLM aborts a cancelled
+    request) before it is raised, so a dropped group leaves nothing generating."""
+    tasks = [asyncio.ensure_future(j) for j in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

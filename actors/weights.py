@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from actors.deadlines import pausing
+
 
 class WeightUpdates:
     """Mixin of `actors.core.AsyncActor` (uses its engine, name, version, counts, times)."""
@@ -42,7 +44,8 @@ class WeightUpdates:
 
         label = await self.engine.get_weight_version()  # NO_VERSION after a failed push: still none
         serving = self.version if str(label).lstrip("-").isdigit() else None
-        self.receiver = WeightReceiver(self.engine, host, port, token=token, name=self.name,
+        clock = getattr(getattr(self, "sampler", None), "clock", None)  # a push's pause stops the deadlines' clock
+        self.receiver = WeightReceiver(pausing(self.engine, clock), host, port, token=token, name=self.name,
                                        initial_version=serving, clear_cache=self.cfg.weight_sync.clear_cache,
                                        on_update=self._loaded)
         return await self.receiver.init()

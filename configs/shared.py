@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from algos.options import function_name
 from configs.base import AutoCount, Section
+from configs.deadlines import DeadlinesConfig
 from weightsync.backends import names as weight_sync_backends
 
 CPU_KV_CACHE_GIB = 1.0  # rollout.kv_cache_gib null on a CPU engine
@@ -138,6 +139,9 @@ class RolloutConfig(Section):
                            "over the sequences at every decode step: 6-16 % more engine CPU on CPU at the quick-start's "
                            "batches, more at GPU batch sizes")
     engine: RolloutEngineConfig = Field(RolloutEngineConfig(), description="vLLM engine settings of every actor")
+    deadlines: DeadlinesConfig = Field(
+        DeadlinesConfig(), description="progress deadline, group budget and retries of rollout requests (docs/running.md "
+                                       "\"Stuck requests\")")
     eval_temperature: float = Field(0.0, ge=0, description="temperature for held-out evaluation (0 = greedy)")
 
     @field_validator("prompts_in_flight", mode="before")

@@ -45,7 +45,8 @@ batched call of k). A response whose call raises, returns something that is not 
 dict with one as "score"), or whose worker dies scores 0 and counts as an error; past the limit it scores
 0 and counts as a timeout (`Scorer.stats`: actors report them, the driver logs ``reward/errors`` and
 ``reward/timeouts``). Counts are of responses: a batched call that fails counts each of its k. The first
-error's message is logged once per scorer.
+error's message, and the first timeout, are logged once per scorer. A reward that hangs is therefore never a
+wedge: it costs its group at most the limit per response (and the worker's restart).
 """
 
 from __future__ import annotations
@@ -237,9 +238,12 @@ class Scorer:
                 value = [value]
             elif not isinstance(value, list) or len(value) != n:
                 raise ValueError(f"returned {type(value).__name__} {str(value)[:80]}, not a list of {n} rewards")
-        except WorkerTimeout:
+        except WorkerTimeout as e:
             with self._lock:
-                self.timeouts += n
+                first, self.timeouts = self.timeouts == 0, self.timeouts + n
+            if first:  # a hang is a timeout: the worker was killed and the caller goes on
+                logger.warning("reward %s timed out, scored 0 (reward/timeouts; later ones are only counted): %s",
+                               self.name, e)
             return [0.0] * n
         except Exception as e:
             self._failed(n, str(e) if isinstance(e, WorkerError) else f"{type(e).__name__}: {e}")

@@ -80,7 +80,7 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
         **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
-        **engine_metrics(actor_reports),
+        **engine_metrics(actor_reports), **repair_metrics(actor_reports),
     }
 
 
@@ -106,6 +106,14 @@ def weight_metrics(reports) -> dict:
     mixed = sum(r.get("mixed_version_tokens", 0) for r in reports)
     return {"actors/groups_no_version": sum(r.get("groups_no_version", 0) for r in reports),
             "actors/mixed_version_share": mixed / tokens if tokens else None}
+
+
+def repair_metrics(reports) -> dict:
+    """The rollout deadlines' counts from the actors' last stats (`actors.deadlines`; docs/metrics.md), summed:
+    samples aborted, samples regenerated, groups dropped with their prompts re-queued."""
+    reports = list(reports)
+    return {f"actors/{key}": sum(r.get(key, 0) for r in reports)
+            for key in ("requests_aborted", "members_regenerated", "groups_requeued")}
 
 
 def engine_metrics(reports) -> dict:

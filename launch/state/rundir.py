@@ -56,7 +56,7 @@ RESUME_SAFE = (
     "learner.packing", "learner.logprob_chunk_tokens", "learner.activation_checkpointing",
     "learner.cpus_per_rank", "learner.gpus_per_rank", "learner.custom_resources",
     "rollout.num_actors", "rollout.prompts_in_flight", "rollout.cpus_per_actor", "rollout.gpus_per_actor",
-    "rollout.custom_resources", "rollout.kv_cache_gib", "rollout.engine.",
+    "rollout.custom_resources", "rollout.kv_cache_gib", "rollout.engine.", "rollout.deadlines.",
     "buffer.max_staleness", "buffer.max_staleness_auto", "buffer.max_staleness_cap", "buffer.capacity_groups",
     "buffer.max_message_mb", "buffer.host", "buffer.port",
     "weight_sync.", "logging.", "serial", "placement_timeout_s", "max_restarts",

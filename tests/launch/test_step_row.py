@@ -28,7 +28,8 @@ def test_a_step_row_by_hand():
     buffer = {"dropped_stale": 3, "auth": {"refused": 9, "refused_peers": 1}, "occupancy_groups": 7, "filtered": {"all_0": 2, "all_1": 5}}
     reports = [{"reward_errors": 2, "reward_timeouts": 1, "groups_no_version": 2, "sent_tokens": 300,
                 "mixed_version_tokens": 30, "seqs_in_flight": 60.0, "seq_capacity": 200},
-               {"reward_errors": 3, "sent_tokens": 100, "seqs_in_flight": 20.0, "seq_capacity": None}]
+               {"reward_errors": 3, "sent_tokens": 100, "seqs_in_flight": 20.0, "seq_capacity": None,
+                "requests_aborted": 5, "members_regenerated": 4, "groups_requeued": 1}]
     row = step_row(groups, times, sync, buffer, version=4, actor_restarts=1, buffer_restarts=2, actor_reports=reports)
     assert row == {
         "version": 4,
@@ -48,6 +49,7 @@ def test_a_step_row_by_hand():
         "actors/seqs_in_flight": 40.0,  # (60 + 20) / 2 engines
         "actors/seq_capacity": 200.0,  # the one engine that knows its capacity
         "actors/engine_occupancy": 0.3,  # 60 in flight / 200 held, over the engines whose capacity is known
+        "actors/requests_aborted": 5, "actors/members_regenerated": 4, "actors/groups_requeued": 1,  # one actor's
     }
 
 
