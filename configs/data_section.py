@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from configs.base import Section
+from tasks.arithmetic import LEVELS
 
 
 def is_template_file(value: str) -> bool:
@@ -25,6 +26,27 @@ class ArithmeticTaskConfig(Section):
     min_digits: int = Field(1, ge=1, description="digits of the smallest operand")
     max_digits: int = Field(2, ge=1, description="digits of the largest operand")
     ops: list[Literal["+", "-", "*"]] = Field(["+", "-"], description="operators to draw from")
+    level: Literal[tuple(LEVELS)] | None = Field(
+        None, description="a named difficulty (tasks.arithmetic.LEVELS): steps-main = 4-5 digit +/- (5-6 checkable "
+                          "steps, the level of `--testbed steps`), steps-hard = 7-8 digits (8-9 steps, beyond its "
+                          "warm model); it sets min_digits, max_digits and ops, which may then only repeat its "
+                          "values; null = those keys as given")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _level_sets_digits(cls, data):
+        """A level fills min_digits/max_digits/ops; a different value given beside it is refused by name (which
+        of the two the user meant cannot be guessed)."""
+        level = LEVELS.get(data.get("level")) if isinstance(data, dict) and isinstance(data.get("level"), str) else None
+        if level is None:  # no level, or an unknown one (the Literal refuses it, listing the levels)
+            return data
+        values = {"min_digits": level.min_digits, "max_digits": level.max_digits, "ops": list(level.ops)}
+        for key, value in values.items():
+            given = data.get(key, value)
+            if (sorted(given) != sorted(value)) if key == "ops" and isinstance(given, list | tuple) else given != value:
+                raise ValueError(f"level {data['level']} sets {key} to {value}, and {key} is given as {given} — "
+                                 f"drop data.arithmetic.{key} or data.arithmetic.level")
+        return {**data, **values}
 
 
 class DataFieldsConfig(Section):

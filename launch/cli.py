@@ -31,6 +31,7 @@ from pathlib import Path
 from configs.loading import ConfigError, dump_annotated, read_user, resolve, user_keys
 from configs.presets import built_in, describe
 from launch.commands.run_flags import Parser, add_run_flags, algorithms_text, flags_from_args
+from launch.prep.testbed import TESTBEDS
 
 EXAMPLES = """
 examples:
@@ -87,6 +88,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--push-to-hub", metavar="REPO", help="after the run, upload its final HF export to the Hub "
                    "repository REPO (user/name; created private unless --hub-public)")
     p.add_argument("--hub-public", action="store_true", help="create the --push-to-hub repository public")
+    p.add_argument("--testbed", choices=TESTBEDS, help="a built-in testbed laid over configs/<algo>.yaml: steps = "
+                   "4-5 digit worked solutions, a 4-layer warm model and (--algo pure) a learned PRM, built and "
+                   "cached at the first run (launch.prep.testbed)")
 
 
 def build_parser() -> Parser:
@@ -142,16 +146,23 @@ def run_config(args: argparse.Namespace):
     from launch.state.rundir import plan_rerun, plan_resume
 
     flags = flags_from_args(args)
+    config, overrides = args.config, args.overrides
     if args.resume:
         if args.force:
             raise ConfigError(f"--force starts {args.resume} over and --resume continues it — pass one of them")
+        if args.testbed:
+            raise ConfigError(f"--testbed: {args.resume}'s config.yaml already holds its testbed — drop --testbed")
         plan = plan_resume(args.resume, args.algo, args.config, flags, args.overrides, Path.cwd())
         return plan.cfg, plan
+    if args.testbed:  # the warm model (and PRM) as model.path (pure.prm_path): built by `main` before the run
+        from launch.prep.testbed import command_for_testbed
+
+        config, overrides = command_for_testbed(args.testbed, args.algo, args.config, flags, args.overrides)
     if args.output and not args.force:
-        plan = plan_rerun(args.output, args.algo, args.config, flags, args.overrides, Path.cwd())
+        plan = plan_rerun(args.output, args.algo, config, flags, overrides, Path.cwd())
         if plan is not None:
             return plan.cfg, plan
-    return resolve(args.algo, args.config, flags, args.overrides), None
+    return resolve(args.algo, config, flags, overrides), None
 
 
 def given_keys(args: argparse.Namespace) -> set[str]:
@@ -217,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(finished_message(Path(args.resume or args.output).absolute(), plan.step, cfg.learner.steps))
         return 0
+    if args.testbed:  # what the config's model.path (and pure.prm_path) name, unless cached (launch.prep.testbed)
+        from launch.prep.testbed import build_testbed
+
+        build_testbed(args.testbed, args.algo, flags_from_args(args), args.overrides)
     from launch.commands.train import train
 
     return train(cfg, force=args.force, resume=plan, push_to=args.push_to_hub, public=args.hub_public,

@@ -26,6 +26,13 @@ is the final answer in ``\\boxed{...}`` (the convention of `tasks.outcome`):
 consistently, as a person's slip would; `tasks.demos` uses it for noisy SFT demonstrations. A fault
 always changes the final answer (each one shifts the result by a non-zero multiple of a power of 10).
 
+Difficulty levels (`LEVELS`, chosen with ``data.arithmetic.level``): named configs of the step-by-step
+testbed (`launch.prep.testbed`). ``steps-main`` (4-5 digit + and -: 5-6 checkable steps, column steps then
+the box) is the level its warm model is trained on; ``steps-hard`` (7-8 digits: 8-9 steps) has columns the
+warm model never wrote, so it sits beyond it. More columns rather than chained operations or multi-digit
+``*``: a column step is the same small skill at every length, so the levels differ in length and
+positions only, and the step checker judges them unchanged.
+
 Train and eval splits are disjoint by construction: whether a problem is held out is a property of the
 problem itself (a stable hash), not of the seed, so no train set from any seed meets any eval set.
 """
@@ -66,6 +73,19 @@ class ArithmeticConfig:
             raise ValueError(f"mul_max_digits must be >= 1, got {self.mul_max_digits}")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in (0, 1), got {self.eval_fraction}")
+
+
+LEVELS: dict[str, ArithmeticConfig] = {
+    "steps-main": ArithmeticConfig(ops=("+", "-"), min_digits=4, max_digits=5),
+    "steps-hard": ArithmeticConfig(ops=("+", "-"), min_digits=7, max_digits=8),
+}
+
+
+def level_config(name: str) -> ArithmeticConfig:
+    """The `ArithmeticConfig` of level `name` (module docstring); ValueError naming the levels otherwise."""
+    if name not in LEVELS:
+        raise ValueError(f"unknown arithmetic level {name!r}; choose one of {', '.join(LEVELS)}")
+    return LEVELS[name]
 
 
 @dataclass(frozen=True)

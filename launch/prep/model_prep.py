@@ -6,6 +6,8 @@ So it is first trained with SFT (the same learner and `sft` algorithm users run)
 demonstrations — a share `model.sft_error_rate` of them hold one slip — which leaves it at a middling
 held-out accuracy that RL must then raise. Both steps are cached under `model.cache_dir`, keyed by
 everything that determines them, so only the first run pays (seconds for the build, ~a minute for SFT).
+A testbed's warm-up may end before `model.sft_warmup_steps` by a `StopRule` (`launch.prep.testbed`: at a target
+held-out accuracy), whose key then enters the cache key.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -30,10 +33,19 @@ def _key(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
+class StopRule(Protocol):
+    """Ends a warm-up before its `model.sft_warmup_steps` (`launch.prep.testbed`): `key()` enters the cache key,
+    `__call__(steps done, learner)` is asked after every step and returns True to stop there."""
+
+    def key(self) -> dict: ...
+
+    def __call__(self, done: int, learner) -> bool: ...
+
+
 def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], prompts: dict[int, tuple[int, ...]],
-            steps: int, out_dir: Path, log=print) -> Path:
-    """`steps` optimiser steps of SFT (cfg.algo must be 'sft') on `demos`; exports an HF dir (fp32 weights)
-    to `out_dir` from a checkpoint beside it, which is then removed."""
+            steps: int, out_dir: Path, log=print, until: StopRule | None = None) -> Path:
+    """`steps` optimiser steps of SFT (cfg.algo must be 'sft') on `demos`, fewer if `until` says stop; exports an
+    HF dir (fp32 weights) to `out_dir` from a checkpoint beside it, which is then removed."""
     import torch
 
     from learner.checkpoint import export_hf
@@ -45,6 +57,9 @@ def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], promp
         metrics = learner.step(batches.next(), version=step)
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             log(f"[sft] step {step + 1}/{steps} nll {metrics.get('sft/nll', metrics.get('loss/total')):.4f}")
+        if until is not None and until(step + 1, learner):
+            log(f"[sft] stopped after step {step + 1} of at most {steps}")
+            break
     ckpt = out_dir.with_name(out_dir.name + ".checkpoint")
     shutil.rmtree(ckpt, ignore_errors=True)
     export_hf(learner.save(ckpt), out_dir, dtype=torch.float32)
@@ -63,19 +78,45 @@ def warmup_data(cfg: RunConfig) -> DataConfig:
                                deep=True)
 
 
+def base_key(cfg: RunConfig) -> str:
+    """The cache key of the built-in tiny model before its warm-up: its architecture and the seed."""
+    return _key({"tiny": cfg.model.tiny.model_dump(), "seed": cfg.seed})
+
+
+def warm_plan(cfg: RunConfig, until: StopRule | None = None) -> tuple[Path, RunConfig]:
+    """(the cached directory of the built-in tiny model warmed up as `cfg` says, built or not; the SFT config of
+    that warm-up): the path is keyed by everything that determines the model (module docstring)."""
+    from configs.loading import resolve
+    from launch.prep.data import prompt_style
+
+    # constant LR after a short warm-up: a cosine decay over so few steps leaves the model far weaker
+    sft_cfg = resolve("sft", flags={"model.dtype": cfg.model.dtype, "seed": cfg.seed,
+                                    "learner.steps": cfg.model.sft_warmup_steps, "learner.lr_schedule": "constant"})
+    sft_cfg.data = warmup_data(cfg)
+    style = prompt_style(cfg)  # the run's prompt tokens: what the warmed-up model will be asked
+    data = sft_cfg.data.model_dump(exclude={"fields", *PROMPT_KEYS})
+    if data["arithmetic"]["level"] is None:  # no level: the key it had before levels existed (caches stay valid)
+        del data["arithmetic"]["level"]
+    warm_key = _key({"base": base_key(cfg), "learner": sft_cfg.learner.model_dump(), "data": data,
+                     "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype,
+                     **({"prompt": dataclasses.asdict(style)} if style != type(style)() else {}),
+                     **({"until": until.key()} if until is not None else {})})
+    return Path(cfg.model.cache_dir) / f"tiny-{base_key(cfg)}-sft-{warm_key}", sft_cfg
+
+
 def base_model_dir(cfg: RunConfig) -> Path:
     """The built-in tiny model before its warm-up (random weights, the run's architecture), cached."""
     from tasks import build_tiny_model
 
     t = cfg.model.tiny
-    key = _key({"tiny": t.model_dump(), "seed": cfg.seed})
-    return build_tiny_model(Path(cfg.model.cache_dir) / f"tiny-{key}", seed=cfg.seed, hidden_size=t.hidden_size,
-                            num_heads=t.num_heads, num_layers=t.num_layers, intermediate_size=t.intermediate_size,
-                            max_position_embeddings=t.max_position_embeddings)
+    return build_tiny_model(Path(cfg.model.cache_dir) / f"tiny-{base_key(cfg)}", seed=cfg.seed,
+                            hidden_size=t.hidden_size, num_heads=t.num_heads, num_layers=t.num_layers,
+                            intermediate_size=t.intermediate_size, max_position_embeddings=t.max_position_embeddings)
 
 
-def prepare_model(cfg: RunConfig, log=print) -> Path:
-    """Directory of the starting policy: `model.path`, or the cached SFT-warmed tiny model."""
+def prepare_model(cfg: RunConfig, log=print, until: StopRule | None = None) -> Path:
+    """Directory of the starting policy: `model.path`, or the cached SFT-warmed tiny model (its warm-up ended
+    early by `until`, whose key then enters the cache key)."""
     if cfg.model.path is not None:
         from launch.prep.hub import model_dir
 
@@ -83,7 +124,7 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.path: {path} is not an HF model directory (no config.json)")
         return path
-    from configs.loading import resolve
+    from launch.prep.data import prompt_style
     from tasks import demonstration_records, make_splits
 
     if cfg.data.task == "file":
@@ -91,23 +132,10 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
             "will score near 0 on your data — pass --model DIR for a real model")
 
     init = base_model_dir(cfg)
-    base_key = init.name.removeprefix("tiny-")
-    root = Path(cfg.model.cache_dir)
     if cfg.model.sft_warmup_steps == 0:
         return init
-    # constant LR after a short warm-up: a cosine decay over so few steps leaves the model far weaker
-    sft_cfg = resolve("sft", flags={"model.dtype": cfg.model.dtype, "seed": cfg.seed,
-                                    "learner.steps": cfg.model.sft_warmup_steps, "learner.lr_schedule": "constant"})
-    warm_data = warmup_data(cfg)
-    sft_cfg.data = warm_data
-    from launch.prep.data import prompt_style
-
-    style = prompt_style(cfg)  # the run's prompt tokens: what the warmed-up model will be asked
-    warm_key = _key({"base": base_key, "learner": sft_cfg.learner.model_dump(),
-                     "data": warm_data.model_dump(exclude={"fields", *PROMPT_KEYS}),
-                     "error_rate": cfg.model.sft_error_rate, "dtype": cfg.model.dtype,
-                     **({"prompt": dataclasses.asdict(style)} if style != type(style)() else {})})
-    out = root / f"tiny-{base_key}-sft-{warm_key}"
+    out, sft_cfg = warm_plan(cfg, until)
+    style = prompt_style(cfg)
     if (out / "config.json").is_file():  # `out` appears by a rename, complete
         return out
     log(f"[model] warming the tiny model up with {cfg.model.sft_warmup_steps} SFT steps on noisy demonstrations "
@@ -123,6 +151,6 @@ def prepare_model(cfg: RunConfig, log=print) -> Path:
     prompts = {i: tuple(encode_prompt(tokenizer, records[i].prompt, style)) for i in demos}
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    run_sft(sft_cfg, init, demos, prompts, cfg.model.sft_warmup_steps, tmp, log)
+    run_sft(sft_cfg, init, demos, prompts, cfg.model.sft_warmup_steps, tmp, log, until)
     tmp.rename(out)
     return out
