@@ -21,8 +21,9 @@ Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> lo
 actor's engine, while its requests stay in flight). Per-token versions come from the engine itself
 (see `actors.rows`). After a failed or aborted push the engine serves weights of no version until
 the next complete push: the actor starts no prompt meanwhile, and groups sampled (in part) under no
-version are dropped and counted (`groups_no_version`); so are groups stalled past `rollout.deadlines.retries`,
-whose prompts go back into the shard (`groups_requeued`). A wedged engine (`actors.deadlines`) stops the
+version are dropped and counted (`groups_no_version`), as are groups stalled past `rollout.deadlines.retries`
+(`groups_requeued`); both prompts go back into the shard, generated again (a failed rollout is counted in
+`groups_failed` and not re-queued: a fault of the prompt itself would come back every time). A wedged engine (`actors.deadlines`) stops the
 actor's prompts and is reported as `engine_dead` (why), which the driver's health check replaces. This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
 on a private event loop for synchronous callers.
 """
@@ -310,18 +311,15 @@ class AsyncActor(WeightUpdates):
         except asyncio.CancelledError:
             self._credits += 1  # released by run()'s epilogue
             raise
-        except GroupDropped as e:  # stalled past its retries: nothing delivered, the prompt generated again
-            logger.warning("%s: group dropped, its prompt re-queued: %s", self.name, e)
+        except (GroupDropped, NoVersionError) as e:  # nothing delivered, the prompt goes back into the shard:
+            # stalled past its retries, or sampled (in part) after a failed push (never trained)
+            kind = "groups_requeued" if isinstance(e, GroupDropped) else "groups_no_version"
+            logger.warning("%s: group of prompt %d dropped, the prompt re-queued: %s", self.name, item.prompt_index, e)
             self.cursor.requeue([(epoch, item.prompt_index)])
-            self.counts["groups_requeued"] += 1
+            self.counts[kind] += 1
             self._credits += 1
             return
-        except NoVersionError as e:  # sampled (in part) after a failed push: dropped, never trained
-            logger.warning("%s: group of prompt %d dropped: %s", self.name, item.prompt_index, e)
-            self.counts["groups_no_version"] += 1
-            self._credits += 1
-            return
-        except Exception:
+        except Exception:  # not re-queued: a failure of the prompt itself would come back every time
             logger.exception("%s: rollout of prompt %d failed", self.name, item.prompt_index)
             self.counts["groups_failed"] += 1
             self._credits += 1

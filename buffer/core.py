@@ -272,4 +272,7 @@ class BufferCore:
             # (epoch, prompt_index) of every stored group: the launcher's prompt ledger counts these as
             # accepted, so restarted or resumed actors do not generate them again
             "held_prompts": [list(g.key) for g in self.queue],
+            # (epoch, prompt_index) discarded since the last pull (the next pull hands them over): a checkpoint
+            # written now records them as settled (`launch.state.run_checkpoints`)
+            "discarded_pending": [list(k) for k in self.discarded],
         }

@@ -46,6 +46,13 @@ class WeightSyncUnformed(RoleLost):
     waiting): one line naming the role, its error and what to check (`joining.unformed_line`)."""
 
 
+def engine_death(stats: dict) -> str:
+    """Why an actor's stats say its engine is dead: the reason it gave (a wedged engine: `actors.deadlines`),
+    else that vLLM's engine died."""
+    why = stats["engine_dead"]
+    return why if isinstance(why, str) else "its vLLM engine died"
+
+
 class ProcessGraph(LearnerRanks, Membership):
     def __init__(self, cfg: RunConfig, model_dir: Path, data: RunData, secrets=None, log=print,
                  log_dir: Path | None = None):
@@ -226,7 +233,7 @@ class ProcessGraph(LearnerRanks, Membership):
         (Successors still starting are `poll_replacements`'s.)"""
         if self.serial:
             stats = {i: self.actors[i].stats.remote() for i in self.live}
-            dead = {i: "its vLLM engine died" for i, st in stats.items() if st.get("engine_dead")}
+            dead = {i: engine_death(st) for i, st in stats.items() if st.get("engine_dead")}
             return {i: st for i, st in stats.items() if i not in dead}, dead
         refs = [self.actors[i].stats.remote() for i in self.live]
         ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -241,7 +248,7 @@ class ProcessGraph(LearnerRanks, Membership):
                 dead[i] = f"process gone: {type(e).__name__}"
                 continue
             if st.get("engine_dead"):
-                dead[i] = "its vLLM engine died"
+                dead[i] = engine_death(st)
             else:
                 stats[i] = st
         return stats, dead

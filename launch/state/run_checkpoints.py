@@ -91,6 +91,10 @@ class RunCheckpoints:
         root, step = self.run_dir / "checkpoints", self.position.step
         final = root / f"step_{step}"
         staged = ckpts.stage(final)
+        # groups the buffer discarded since the last pull are settled: the ledger records them now, not at
+        # the next pull (which a final checkpoint never sees; it would report them again, harmlessly)
+        pending = self.recovery.call_on_live_buffer(lambda c: c.stats()).get("discarded_pending", [])
+        self.position.ledger.discard(pending)
         self.graph.save(staged, {"step": step, "ledger": self.position.ledger.state_dict(), "buffer_snapshot": SNAPSHOT})
         began = time.time()
         # through the live buffer: one that died meanwhile is restarted first (`Recovery.call_on_live_buffer`)

@@ -84,6 +84,11 @@ def test_aborted_push_serves_no_version_until_a_complete_push(make_actor, buffer
         s = actor.stats()
         assert s["groups_no_version"] == 1 and s["groups_acked"] == 0 and s["outbox"] == 0, s
         assert learner.stats()["occupancy_groups"] == 0
+        # its prompt went back into the shard, first in line (it was lost before: the chaos bench's try-out)
+        async def requeued(core):
+            return list(core.cursor._requeued)
+
+        assert on_actor_loop(actor, requeued) == [(0, prompts[0].prompt_index)]
 
         # -- a fresh rendezvous and a complete push: the engine serves again, the held rollouts run
         sender = new_sender()
@@ -95,6 +100,7 @@ def test_aborted_push_serves_no_version_until_a_complete_push(make_actor, buffer
         assert wait_rollouts(actor, 120) == 2
         groups = pull_all(learner)
         assert len(groups) == 2
+        assert prompts[0].prompt_index in {g.prompt_index for g in groups}  # the re-queued prompt (below) came first
         assert all((s.versions == v + 2).all() for g in groups for s in g.samples)
         stats = actor.stats()
         assert stats["groups_no_version"] == 1 and stats["mixed_version_tokens"] == 0

@@ -159,3 +159,11 @@ def test_evaluation_is_spread_over_the_live_actors_and_weighted_by_counts():
     assert graph.evaluate(list(range(5))) == {"accuracy": 2 / 5, "n": 5}
     assert [s.got for s in scorers] == [[0, 2, 4], [1, 4], [1, 3]]  # actor 1 was not asked (its last items)
 
+
+
+def test_a_wedged_engine_is_named_by_the_reason_its_actor_gives():
+    from launch.processes.process_graph import engine_death
+
+    assert engine_death({"engine_dead": True}) == "its vLLM engine died"
+    assert engine_death({"engine_dead": "wedged: no token for 31 s and no answer in 8 s"}) == (
+        "wedged: no token for 31 s and no answer in 8 s")
