@@ -131,6 +131,9 @@ class Driver:
                 groups = self.recovery.call_on_live_buffer(lambda c: c.pull_batch(n, timeout_s=PULL_POLL_S))
             except TimeoutError:  # no batch yet: is everyone who could feed or take it alive? a successor up?
                 self.graph.check_learner()
+                # a push that failed left every engine without a version, so no batch comes until it is
+                # settled (its actor replaced, the others re-synced): starved, wait for the push here
+                self.recovery.settle_push()
                 self.recovery.check_actors()
                 self.recovery.admit_successors()
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import signal
 from types import SimpleNamespace
 
 import pytest
@@ -54,6 +55,9 @@ class StandInGraph:
     def push_weights(self, version):
         self.calls.append(("push", version))
         return {"gbps": 1.0}
+
+    def check_learner(self):
+        pass
 
     def save(self, path, extra_state):
         self.saved = extra_state
@@ -426,5 +430,45 @@ def test_a_checkpoint_records_what_the_buffer_discarded_since_the_last_pull(buff
         driver.checkpoints.save()
         assert graph.saved["ledger"] == driver.position.ledger.state_dict()
         assert driver.position.ledger.discarded == {(1, 9)}
+    finally:
+        driver.client.close()
+
+
+def test_a_driver_starved_by_a_failed_push_settles_it_and_the_actors_feed_it_again(buffer, tmp_path, monkeypatch):
+    """The extended chaos run hung here: an engine stopped (SIGSTOP) during a push, the push failed at its
+    deadline and left every engine without a version, so no actor generated and no batch came; the failed
+    push was settled only after the next step, which waited for a batch. Starved, the driver now settles it:
+    the stuck actor is replaced, the other re-synced, and the batch comes."""
+    import launch.loop.driver as driver_module
+
+    monkeypatch.setattr(driver_module, "PULL_POLL_S", 0.5)
+    graph = StandInGraph(buffer)
+    cfg = RunConfig()
+    cfg.learner.batch_prompts = 2
+    driver = Driver(cfg, graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+
+    def push_weights(version):  # the survivor, re-synced, serves a version again and delivers
+        graph.calls.append(("push", version))
+        with BufferClient(buffer, "actor-1") as actor:
+            for i in (1, 3):
+                assert actor.push_group(make_group(f"g{i}", prompt_index=i, version=version, meta={"epoch": 0})).accepted
+
+    graph.push_weights = push_weights
+    try:
+        driver.position.step = 1
+        driver.client.set_version(1)
+        failures = [WeightSyncError("no acknowledgement of version 1 within 60 s",  # the push in flight:
+                                    suspects={"actor-0": "no acknowledgement within 60 s"})]  # actor 0 stopped
+        graph.finish_push = lambda: _raise(failures.pop()) if failures else {}
+        signal.signal(signal.SIGALRM, lambda *_: _raise(AssertionError("starved for good: the failed push was "
+                                                                       "never settled")))
+        signal.alarm(30)  # (the old driver waited here for ever)
+        try:
+            groups, _ = driver._pull()
+        finally:
+            signal.alarm(0)
+        assert sorted(g.prompt_index for g in groups) == [1, 3]
+        assert [c[:2] for c in graph.calls] == [("kill", [0]), ("begin", [0]), ("connect", [1]), ("push", 1)]
     finally:
         driver.client.close()

@@ -78,7 +78,7 @@ def starved_pull(graph, run_dir: Path) -> int:
     driver = Driver.__new__(Driver)  # what `_pull` uses, as `Driver(...)` sets it
     driver.cfg, driver.graph, driver.demos, driver._stop_requested = graph.cfg, graph, None, False
     driver.recovery = types.SimpleNamespace(call_on_live_buffer=lambda call: call(StarvedBuffer()),
-                                            check_actors=dict)
+                                            check_actors=dict, settle_push=dict, admit_successors=bool)
     graph.ranks[0].die_in.remote(1.0)
     died = time.monotonic() + 1.0
     try:
