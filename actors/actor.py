@@ -25,6 +25,8 @@ restarted actor resumes is not its own to report: the driver's ledger says (`lau
 
 from __future__ import annotations
 
+import asyncio
+
 from actors.core import AsyncActor
 from actors.host import EngineHost
 from actors.prompts import PromptItem
@@ -112,6 +114,19 @@ class RolloutActor:
     # -- evaluation / metrics
     def evaluate(self, items: list[PromptItem], temperature: float | None = None) -> dict:
         return self._call(self.core.evaluate(items, temperature))
+
+    def engine_answers(self, timeout_s: float = 10.0) -> bool:
+        """Whether the engine-core process answers a call (vLLM's `is_paused`, a round trip to it) within
+        `timeout_s`. The driver asks when a weight push failed naming no receiver: on the gloo plane a stopped
+        engine core times every receiver's broadcast out, and the one that does not answer is the cause."""
+        async def ask() -> bool:
+            try:
+                await asyncio.wait_for(self.core.engine.is_paused(), timeout_s)
+                return True
+            except asyncio.TimeoutError:
+                return False
+
+        return self._call(ask())
 
     def stats(self) -> dict:
         async def get():

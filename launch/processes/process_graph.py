@@ -253,6 +253,26 @@ class ProcessGraph(LearnerRanks, Membership):
                 stats[i] = st
         return stats, dead
 
+    def silent_engines(self, timeout_s: float = 10.0) -> dict[int, str]:
+        """{actor: why} of the live actors whose engine core does not answer within `timeout_s`
+        (`RolloutActor.engine_answers`), asked of all at once; an actor that does not answer at all counts too."""
+        if self.serial:
+            return {i: f"its engine core did not answer within {timeout_s:g} s" for i in self.live
+                    if not self.actors[i].engine_answers.remote(timeout_s)}
+        refs = {i: self.actors[i].engine_answers.remote(timeout_s) for i in self.live}
+        if not refs:
+            return {}
+        ready, _ = self._ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s + 20)
+        silent = {}
+        for i, ref in refs.items():
+            try:
+                answered = ref in ready and self._ray.get(ref)
+            except Exception:  # noqa: BLE001 - the actor itself is gone: silent too
+                answered = False
+            if not answered:
+                silent[i] = f"its engine core did not answer within {timeout_s:g} s"
+        return silent
+
     def kill_actors(self, ids: list[int], timeout_s: float = 30.0) -> None:
         """Kill the actors `ids` and wait until Ray reports them dead (at most `timeout_s`), so none of
         them can push another group once the driver decides what their successors must generate."""

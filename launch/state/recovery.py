@@ -307,6 +307,8 @@ class Recovery:
         named by the error (alive but stuck in the push = dead too); `error` is raised again when none is."""
         stats, dead = self.graph.actor_stats()
         dead = push_suspects(error, len(self.graph.actors)) | dead
+        if not dead:  # a push no receiver explains: one whose engine core is stopped hangs the broadcast for all
+            dead = self.graph.silent_engines()
         if not dead:
             raise error
         self.reports.update(stats)

@@ -33,6 +33,7 @@ class StandInGraph:
         self.actors, self.pids, self.restarts = [object(), object()], [100, 101], 0
         self.live, self.replacing, self.engines_up, self.start_error = [0, 1], [], False, None
         self.shards = 2
+        self.silent: dict[int, str] = {}  # actors whose engine core does not answer (`silent_engines`)
         self.calls: list[tuple] = []
         self.dead: dict[int, str] = {}
         self.fail_next_push = False
@@ -58,6 +59,10 @@ class StandInGraph:
 
     def check_learner(self):
         pass
+
+    def silent_engines(self):
+        self.calls.append(("probe",))
+        return dict(self.silent)
 
     def save(self, path, extra_state):
         self.saved = extra_state
@@ -188,7 +193,7 @@ def test_a_push_failed_by_a_dead_actor_is_replaced_in_the_background_while_train
         graph.dead, graph.fail_next_push, graph.calls = {}, True, []
         with pytest.raises(RuntimeError, match="weight push #3"):  # no actor to blame: the error stands
             driver._sync_weights()
-        assert graph.calls == [("finish",)]
+        assert graph.calls == [("finish",), ("probe",)]
     finally:
         driver.client.close()
 
@@ -470,5 +475,22 @@ def test_a_driver_starved_by_a_failed_push_settles_it_and_the_actors_feed_it_aga
             signal.alarm(0)
         assert sorted(g.prompt_index for g in groups) == [1, 3]
         assert [c[:2] for c in graph.calls] == [("kill", [0]), ("begin", [0]), ("connect", [1]), ("push", 1)]
+    finally:
+        driver.client.close()
+
+
+def test_a_push_that_names_no_receiver_blames_the_actor_whose_engine_core_does_not_answer(buffer, tmp_path):
+    """The extended chaos run stopped here (exit 1): actor 0's engine core was SIGSTOPped during a gloo push, every
+    receiver's broadcast timed out, and the push named no receiver; every actor answered its health check. The
+    engine that does not answer a call is the cause: replaced, and the run goes on."""
+    graph = StandInGraph(buffer)
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=lambda m: None))
+    try:
+        driver.position.step = 3
+        graph.fail_next_push, graph.silent = True, {0: "its engine core did not answer within 10 s"}
+        assert driver._sync_weights() == {}
+        assert [c[:2] for c in graph.calls] == [("finish",), ("probe",), ("kill", [0]), ("begin", [0]),
+                                                ("connect", [1]), ("push", 3)]
     finally:
         driver.client.close()

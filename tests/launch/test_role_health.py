@@ -49,6 +49,9 @@ class Actor:
         time.sleep(2)
         raise TimeoutError("the weight-sync group did not form")  # what an actor says when the sender is gone
 
+    def engine_answers(self, timeout_s: float) -> bool:
+        return self.mode != "stopped core"  # its own process answers; its engine core would not
+
     def stop(self, drain: bool, timeout_s: float) -> None:
         self.stopped = (drain, timeout_s)
 
@@ -167,3 +170,18 @@ def test_a_wedged_engine_is_named_by_the_reason_its_actor_gives():
     assert engine_death({"engine_dead": True}) == "its vLLM engine died"
     assert engine_death({"engine_dead": "wedged: no token for 31 s and no answer in 8 s"}) == (
         "wedged: no token for 31 s and no answer in 8 s")
+
+
+def test_engines_that_do_not_answer_are_asked_of_every_live_actor_at_once(ray_local):
+    graph = ProcessGraph.__new__(ProcessGraph)
+    graph.serial, graph._ray = False, ray_local
+    graph.actors = [ray_local.remote(Actor).options(num_cpus=0).remote(m) for m in ("ok", "stopped core", "ok")]
+    pids = ray_local.get([a.pid.remote() for a in graph.actors])
+    os.kill(pids[2], 9)
+    graph.live = [0, 1, 2]
+    assert graph.silent_engines(timeout_s=1) == {1: "its engine core did not answer within 1 s",
+                                                 2: "its engine core did not answer within 1 s"}  # 2: gone
+    graph.live = []
+    assert graph.silent_engines() == {}
+    for a in graph.actors:
+        ray_local.kill(a)
