@@ -82,9 +82,14 @@ class LearnerRanks:
         background: `finish_push` waits for it, and a new `start_push` waits for the previous one)."""
         self._on_ranks([r.push_weights.remote(version) for r in self.ranks])
 
-    def finish_push(self) -> dict:
-        """Stats of the push in flight once every actor has loaded it ({} when none); raises its error."""
-        return self._on_ranks(self.ranks[0].push_result.remote())
+    def finish_push(self, watch=None, every_s: float = 2.0) -> dict:
+        """Stats of the push in flight once every actor has loaded it ({} when none); raises its error.
+        `watch()` is called every `every_s` while it waits (a health check, which may raise to stop waiting)."""
+        result = self.ranks[0].push_result.remote()
+        if not self.serial and watch is not None:
+            while not self._ray.wait([result], timeout=every_s)[0]:
+                watch()
+        return self._on_ranks(result)
 
     def push_weights(self, version: int) -> dict:
         """Push `version` and wait until every actor has loaded it."""

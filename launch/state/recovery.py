@@ -32,6 +32,14 @@ BUFFER_TIMEOUT_S = 20.0  # the driver's buffer calls: longer than any snapshot, 
 BUFFER_EXIT_S = 2.0  # how long a buffer that dropped the connection may take to be seen dead (`await_buffer_exit`)
 
 
+class DeadDuringPush(Exception):
+    """Actors found dead while a weight push was awaited: {actor: why} in `dead`."""
+
+    def __init__(self, dead: dict[int, str]):
+        super().__init__(dead)
+        self.dead = dead
+
+
 def first_line(error: BaseException) -> str:
     """'Type: first line of the message' of an error (Ray's wrapper unwrapped)."""
     cause = getattr(error, "cause", None) or error
@@ -322,12 +330,22 @@ class Recovery:
         if not self.graph.actors:
             return {}
         try:
-            stats = self.graph.finish_push()
+            stats = self.graph.finish_push(watch=self._watch_push)
             self.unreported_push = stats or self.unreported_push
             return stats
+        except DeadDuringPush as e:  # seen by the health check before the push gave up on it (~10 s later)
+            self.restart_actors(e.dead)  # the new group drops the push: the live actors get the version again
+            return None
         except Exception as e:
             self.restart_actors(self._blame(e))  # says it, one line per actor: the push's own error adds nothing
             return None
+
+    def _watch_push(self) -> None:
+        """While a push is awaited: a dead actor (Ray says so at once) ends the wait (`DeadDuringPush`)."""
+        stats, dead = self.graph.actor_stats()
+        self.reports.update(stats)
+        if dead:
+            raise DeadDuringPush(dead)
 
     # ------------------------------------------------------------------ processes.json
     def write_processes(self) -> None:

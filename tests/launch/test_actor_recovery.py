@@ -46,7 +46,7 @@ class StandInGraph:
     def start_push(self, version):
         self.calls.append(("start", version))
 
-    def finish_push(self):
+    def finish_push(self, watch=None):
         self.calls.append(("finish",))
         if self.fail_next_push:
             self.fail_next_push = False
@@ -270,7 +270,7 @@ def test_an_actor_alive_but_stuck_in_a_push_is_restarted(buffer, tmp_path):
     assert err.suspects == {"actor-0": "no acknowledgement within 60 s"} and err.failed_ranks == {1: "stuck"}
 
     graph = StandInGraph(buffer)
-    graph.finish_push = lambda: _raise(err)
+    graph.finish_push = lambda watch=None: _raise(err)
     driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
                     SimpleNamespace(message=lambda m: None))
     try:
@@ -465,7 +465,7 @@ def test_a_driver_starved_by_a_failed_push_settles_it_and_the_actors_feed_it_aga
         driver.client.set_version(1)
         failures = [WeightSyncError("no acknowledgement of version 1 within 60 s",  # the push in flight:
                                     suspects={"actor-0": "no acknowledgement within 60 s"})]  # actor 0 stopped
-        graph.finish_push = lambda: _raise(failures.pop()) if failures else {}
+        graph.finish_push = lambda watch=None: _raise(failures.pop()) if failures else {}
         signal.signal(signal.SIGALRM, lambda *_: _raise(AssertionError("starved for good: the failed push was "
                                                                        "never settled")))
         signal.alarm(30)  # (the old driver waited here for ever)
@@ -492,5 +492,31 @@ def test_a_push_that_names_no_receiver_blames_the_actor_whose_engine_core_does_n
         assert driver._sync_weights() == {}
         assert [c[:2] for c in graph.calls] == [("finish",), ("probe",), ("kill", [0]), ("begin", [0]),
                                                 ("connect", [1]), ("push", 3)]
+    finally:
+        driver.client.close()
+
+
+def test_an_actor_dead_while_a_push_is_awaited_is_replaced_without_waiting_for_the_push_to_give_up(buffer, tmp_path):
+    """The per-fault table showed 12 s of learner idle after an actor's SIGKILL: the driver waited for the push
+    in flight until it gave the dead receiver up (no heartbeat for 10 s). The wait now watches the actors."""
+    graph, said = StandInGraph(buffer), []
+    watched = []
+
+    def finish_push(watch=None):  # the push still travels; the health check inside the wait finds actor 1 dead
+        graph.calls.append(("finish",))
+        graph.dead = {1: "process gone: ActorDiedError"}
+        watched.append(watch)
+        watch()
+        raise AssertionError("the wait should have ended at the health check")
+
+    graph.finish_push = finish_push
+    driver = Driver(RunConfig(), graph, SimpleNamespace(demos={}, eval=[], train=[]), tmp_path, buffer,
+                    SimpleNamespace(message=said.append))
+    try:
+        driver.position.step = 4
+        assert driver._sync_weights() == {}
+        assert [c[:2] for c in graph.calls] == [("finish",), ("kill", [1]), ("begin", [1]), ("connect", [0]),
+                                                ("push", 4)]
+        assert said[-1].startswith("[actor] actor 1 (pid 101 on here; log logs/actor-1.log) died (process gone")
     finally:
         driver.client.close()
