@@ -48,7 +48,8 @@ def test_a_disk_filling_during_a_checkpoint_leaves_the_previous_one_loadable(sma
     run = small_disk / "run"
     run.mkdir()
     learner, position = Learner(), RunPosition()
-    client = SimpleNamespace(snapshot=lambda path: Path(path).write_bytes(b"snapshot"))
+    client = SimpleNamespace(snapshot=lambda path: Path(path).write_bytes(b"snapshot"),
+                             stats=lambda: {"discarded_pending": []})
     said: list[str] = []
     ckpts = RunCheckpoints(run, learner, SimpleNamespace(client=client, call_on_live_buffer=lambda call: call(client)), position,
                            SimpleNamespace(message=said.append), keep=3)

@@ -145,6 +145,9 @@ class _Buffer:
     def snapshot(self, path: str) -> None:
         Path(path).write_bytes(b"buffer snapshot")
 
+    def stats(self) -> dict:  # nothing discarded since the last pull
+        return {"discarded_pending": []}
+
     def restore(self, path: str) -> None:
         self.restored = Path(path).read_bytes()
 
