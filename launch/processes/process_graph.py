@@ -33,7 +33,7 @@ from launch.prep.data import RunData
 from launch.processes.joining import EngineStarts, first_failure, shares_gpus, unformed_line
 from launch.processes.learner_ranks import LearnerDied, LearnerRanks
 from launch.processes.membership import Membership
-from launch.processes.roles import LOG_FILE_ENV, LearnerRank, LocalRole, named
+from launch.processes.roles import LOG_FILE_ENV, LearnerRank, LocalRole, first_line, named
 
 
 class RoleLost(RuntimeError):
@@ -353,6 +353,4 @@ class ProcessGraph(LearnerRanks, Membership):
             self._get(handle.close.remote(), timeout=timeout_s) if not self.serial else handle.close.remote()
         except Exception as e:  # noqa: BLE001 - shutting down: report and go on
             if self.serial or not isinstance(e, self._ray.exceptions.RayActorError):
-                cause = getattr(e, "cause", None) or e  # a RayTaskError's first line names only the call
-                self.log(f"[graph] closing {role} failed ({type(cause).__name__}: "
-                         f"{(str(cause).strip().splitlines() or [''])[0][:200]})")
+                self.log(f"[graph] closing {role} failed ({first_line(e)})")  # not Ray's: its first line names the call

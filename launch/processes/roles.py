@@ -75,6 +75,12 @@ def log_header(role: str, at: dict) -> str:
     return f"--- {role}: pid {at['pid']} on {at['host']}, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
 
 
+def first_line(error: BaseException) -> str:
+    """'Type: first line of the message' of an error (Ray's wrapper unwrapped)."""
+    cause = getattr(error, "cause", None) or error
+    return f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
+
+
 def named(role: str, pid, host, log) -> str:
     """How a fault message names a process: 'actor 0 (pid 17698 on vm; log runs/a/logs/actor-0.log)'
     (`log`: its log file, or how to read it; None leaves it out)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from buffer.client import BufferClient, BufferUnavailable
 from buffer.records import Key
 from launch.processes.process_graph import RoleLost
-from launch.processes.roles import named, where
+from launch.processes.roles import first_line, named, where
 from launch.state.buffer_keeper import BufferKeeper, lost_prompts
 from launch.state.position import RunPosition
 from launch.state.scaling import read_request
@@ -38,12 +38,6 @@ class DeadDuringPush(Exception):
     def __init__(self, dead: dict[int, str]):
         super().__init__(dead)
         self.dead = dead
-
-
-def first_line(error: BaseException) -> str:
-    """'Type: first line of the message' of an error (Ray's wrapper unwrapped)."""
-    cause = getattr(error, "cause", None) or error
-    return f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:200]}"
 
 
 def push_suspects(error: BaseException, actors: int) -> dict[int, str]:
