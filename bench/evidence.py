@@ -93,6 +93,13 @@ class Study:
     # start from the tiny model warmed up (SFT) under these overrides of the grpo config, not on the run's
     # own task (None: each run warms up as its config says)
     warm_start: tuple[str, ...] | None = None
+    # run on this built-in testbed (configs/testbeds/<name>.yaml, launch.prep.testbed): every seed starts from
+    # seed 0's warm model (and PURE arms score with seed 0's PRM), so the seeds vary the RL run only
+    testbed: str | None = None
+    # per-step training metrics drawn and tabulated over training (bench/evidence_traces.py)
+    traces: tuple[str, ...] = ()
+    # no runs of its own: it reads these arms' runs of the study named here
+    source: str | None = None
 
 
 WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
@@ -121,6 +128,37 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
            *(Arm(f"pacs-{m.replace('_', '-')}", "pacs", (f"pacs.weight_mode={m}",))
              for m in ("only_positive", "only_negative", "none"))),
           steps=100, eval_every=10, baseline="grpo"),
+    Study("steps-hacking", "PURE sum-form against min-form credit, PRM-only reward from a learned PRM (testbed)",
+          "PURE (Cheng et al. 2025, §4.3 Fig. 2a): with a learned PRM and no verifiable reward, sum-form credit "
+          "collapses early (PRM reward keeps rising while accuracy falls; responses of few or no real steps); "
+          "min-form stays stable far longer",
+          (Arm("pure-min", "pure"), Arm("pure-sum", "pure", ("pure.credit=gamma", "pure.gamma=1.0"))),
+          steps=80, eval_every=10, baseline="pure-min", common=("pure.c_vr=0.0",), testbed="steps",
+          traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
+                  "pure/num_steps", "pure/prm_step_acc")),
+    Study("steps-dense", "Dense rewards on the testbed: PURE (min-form, learned PRM) and PRIME against RLOO",
+          "PRIME (Cui et al. 2025, §4.4): outcome-only RLOO's final training reward in 40% of the steps (2.5x the "
+          "sample efficiency); PURE (Cheng et al. 2025, §4.3 Fig. 2b): PRM+VR runs reach the VR-only run's "
+          "accuracy in ~30% of the steps",
+          (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("prime", "prime")),
+          steps=80, eval_every=10, baseline="rloo", testbed="steps",
+          traces=("accuracy/train", "prime/prm_loss", "prime/dpo_acc", "pure/prm_step_acc", "pure/prm_pair_acc")),
+    Study("steps-prm-drift", "A fixed PRM against PRIME's online implicit PRM on the policy's own rollouts (testbed)",
+          "PRIME (Cui et al. 2025, §5.1 Figs. 5-6): an offline PRM starts accurate and loses accuracy on the "
+          "policy's rollouts as the policy moves; the online implicit PRM starts lower and gains it",
+          (Arm("pure-min", "pure"), Arm("prime", "prime")), steps=80, eval_every=10, baseline="pure-min",
+          testbed="steps", traces=("pure/prm_pair_acc", "prime/dpo_acc", "pure/prm_step_acc"), source="steps-dense"),
+    Study("steps-luffy-beyond", "LUFFY against GRPO on the testbed's level beyond the warm model (7-8 digits)",
+          "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance lets the model learn where its own rollouts "
+          "never succeed; on-policy RL's training reward stays at zero there",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=100, eval_every=10, baseline="grpo",
+          common=("data.arithmetic.level=steps-hard",), threshold=0.05, testbed="steps",
+          traces=("accuracy/train", "luffy/reward_onpolicy", "entropy", "response/length_mean")),
+    Study("steps-pacs", "PACS against GRPO on the testbed, both at 4 optimiser steps per RL step",
+          "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples (most at large-k pass@k) and "
+          "keeps the policy's entropy where GRPO's collapses",
+          (Arm("grpo", "grpo", ("learner.mini_batches=4",)), Arm("pacs", "pacs")), steps=80, eval_every=10,
+          baseline="grpo", testbed="steps", traces=("accuracy/train", "entropy", "response/length_mean")),
     Study("staleness", "Staleness K and the correction, with a trust region that acts",
           "AReaL (Fu et al. 2025): naive PPO collapses at staleness 4 while the decoupled objective holds up to 8",
           (Arm("K0", "grpo", ("buffer.max_staleness=0", "loss.is_correction=tis")),
@@ -132,8 +170,28 @@ COST_FROM = ("dense", "pacs")
 
 
 def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
-    return [*warm_model(study, seed), *study.common, *arm.overrides, f"seed={seed}", f"learner.steps={study.steps}",
-            f"learner.eval_every={study.eval_every}"]
+    return [*warm_model(study, seed), *testbed_start(study, arm), *study.common, *arm.overrides, f"seed={seed}",
+            f"learner.steps={study.steps}", f"learner.eval_every={study.eval_every}"]
+
+
+def config_file(study: Study) -> str | None:
+    """The --config file of the study's runs: its testbed's yaml (None: configs/<algo>.yaml alone)."""
+    from launch.prep.testbed import yaml_of_testbed
+
+    return str(yaml_of_testbed(study.testbed)) if study.testbed else None
+
+
+def testbed_start(study: Study, arm: Arm, build: bool = False) -> list[str]:
+    """The testbed's `model.path=` (and PURE's `pure.prm=hf pure.prm_path=`) of seed 0, whatever the run's seed;
+    with `build`, built first unless cached (launch.prep.testbed)."""
+    if study.testbed is None:
+        return []
+    from launch.prep.testbed import build_testbed, testbed_sets
+
+    args = (study.testbed, arm.algo, None, {}, [*study.common, *arm.overrides, "seed=0"])
+    if build:
+        build_testbed(study.testbed, arm.algo, {}, args[-1], log=log)
+    return testbed_sets(*args)
 
 
 def warm_model(study: Study, seed: int) -> list[str]:
@@ -147,7 +205,7 @@ def warm_model(study: Study, seed: int) -> list[str]:
     return [f"model.path={prepare_model(cfg, log=log).resolve()}"]
 
 
-def analyse(rows: list[dict], steps: int, threshold: float) -> dict:
+def analyse(rows: list[dict], steps: int, threshold: float, traces: tuple[str, ...] = ()) -> dict:
     train, curve = training_rows(rows), sample_curve(rows, steps)
     clock, samples = training_clock(rows), cumulative_samples(rows)
     if curve[-1]["step"] != steps:
@@ -162,7 +220,8 @@ def analyse(rows: list[dict], steps: int, threshold: float) -> dict:
             "samples_to_threshold": reached["samples"] if reached else None,
             "seconds_to_threshold": reached["train_s"] if reached else None,
             "staleness_max": max((r.get("staleness/max") or 0 for r in train), default=None),
-            **{k: mean_over(rows, v) for k, v in keys.items()}, "curve": curve}
+            **{k: mean_over(rows, v) for k, v in keys.items()}, "curve": curve,
+            "traces": {k: {r["step"]: r[k] for r in train if r.get(k) is not None} for k in traces}}
 
 
 def summarise(recs: list[dict]) -> dict:
@@ -300,6 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def collect(study: Study, args, run_missing: bool) -> dict[str, list[dict]]:
+    """Every arm's record per seed; a study with a `source` reads that study's runs and starts none."""
+    runs_of = STUDIES[study.source] if study.source else study
     by_arm: dict[str, list[dict]] = {}
     for seed in args.seeds:
         for arm in study.arms:
@@ -307,17 +368,18 @@ def collect(study: Study, args, run_missing: bool) -> dict[str, list[dict]]:
                 continue
             name = f"{arm.name}-s{seed}"
             rec = {"bench": "evidence", "study": study.name, "arm": arm.name, "seed": seed}
-            opts = argparse.Namespace(out_dir=args.out_dir / study.name, timeout_s=args.timeout_s, echo=args.echo,
-                                      reuse=args.reuse or not run_missing)
+            opts = argparse.Namespace(out_dir=args.out_dir / runs_of.name, timeout_s=args.timeout_s, echo=args.echo,
+                                      reuse=args.reuse or not run_missing or study.source is not None)
             opts.reuse = opts.reuse or finished(opts.out_dir / name)
             if not opts.reuse:
                 log(f"[evidence] {study.name}/{name} (load {load_average()})")
             run_and_analyse(rec, name, arm.algo, run_overrides(study, arm, seed), opts,
-                            lambda rows: analyse(rows, study.steps, study.threshold))
+                            lambda rows: analyse(rows, study.steps, study.threshold, study.traces),
+                            config=config_file(study))
             if rec["status"] == "ok" and not opts.reuse:
                 log(f"[evidence] {name}: {fmt(rec['accuracy_before'])} -> {fmt(rec['accuracy_end'])}, "
                     f"{rec['run_s']:.0f} s")
-            print(json.dumps(rounded({k: v for k, v in rec.items() if k != "curve"})), flush=True)
+            print(json.dumps(rounded({k: v for k, v in rec.items() if k not in ("curve", "traces")})), flush=True)
             by_arm.setdefault(arm.name, []).append(rec)
     return by_arm
 
@@ -329,7 +391,9 @@ def main(argv=None) -> int:
     try:  # every configuration validates before anything starts
         for name in args.study:
             for arm in STUDIES[name].arms if name in STUDIES else ():
-                resolve(arm.algo, overrides=run_overrides(STUDIES[name], arm, 0))
+                study = STUDIES[name]
+                resolve(arm.algo, config_file(study), {}, run_overrides(study, arm, 0))
+                testbed_start(study, arm, build=not args.reuse and study.source is None)
     except ConfigError as e:
         log(f"evidence: {e}")
         return 2

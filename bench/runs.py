@@ -64,12 +64,14 @@ class RunResult:
         return self.status in ("ok", "reused")
 
 
-def algo_train_command(algo: str, run_dir: Path, overrides: Sequence[str]) -> list[str]:
-    """The `algo-train` command line of one run (the venv's console script when present)."""
+def algo_train_command(algo: str, run_dir: Path, overrides: Sequence[str], config: str | None = None) -> list[str]:
+    """The `algo-train` command line of one run (the venv's console script when present); `config`: a
+    `--config` file laid over configs/<algo>.yaml."""
     exe = Path(sys.executable).with_name("algo-train")
     head = [str(exe)] if exe.is_file() else [sys.executable, "-m", "launch.cli"]
     sets = [arg for o in overrides for arg in ("--set", o)]
-    return [*head, "--algo", algo, "--output", str(run_dir), *sets, "--set", "logging.progress=plain"]
+    return [*head, "--algo", algo, *(["--config", config] if config else []), "--output", str(run_dir), *sets,
+            "--set", "logging.progress=plain"]
 
 
 def finished(run_dir: Path) -> bool:
@@ -106,7 +108,8 @@ def _stop(proc: subprocess.Popen, echo: Callable[[str], None]) -> None:
 
 
 def run_algo_train(name: str, algo: str, run_dir: Path, overrides: Sequence[str], log_path: Path,
-                   timeout_s: float | None = None, reuse: bool = False, echo: str = "progress") -> RunResult:
+                   timeout_s: float | None = None, reuse: bool = False, echo: str = "progress",
+                   config: str | None = None) -> RunResult:
     """Run one `algo-train` to completion, its stdout+stderr into `log_path`, echoed to stderr prefixed
     by `name` (`echo`: "all", "progress" = algo-train's own lines and errors, or "none"). With `reuse`, start nothing: a finished run in `run_dir` is `reused`, anything
     else `failed`. Never raises for a failed run: the result says `failed` and why."""
@@ -124,7 +127,7 @@ def run_algo_train(name: str, algo: str, run_dir: Path, overrides: Sequence[str]
                      "pass --reuse to analyse finished runs, or choose another --out-dir")
         return res
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = algo_train_command(algo, run_dir, overrides)
+    cmd = algo_train_command(algo, run_dir, overrides, config)
     env = dict(os.environ, RAY_DEDUP_LOGS="1", PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
     with open(log_path, "w") as logf:
@@ -218,14 +221,14 @@ def report_failure(res: RunResult, lines: int = 40) -> None:
 
 
 def run_and_analyse(rec: dict, name: str, algo: str, overrides: Sequence[str], args,
-                    analyse: Callable[[list[Row]], dict]) -> RunResult:
+                    analyse: Callable[[list[Row]], dict], config: str | None = None) -> RunResult:
     """Run (or, with --reuse, find) one benchmark run into `args.out_dir/name` and fill `rec` with its
     status, timings, machine load and `analyse(rows)`; a failed or unreadable run is marked failed
     in `rec` and its log tail printed."""
     log_path = args.out_dir / (name + ".log")
     rec |= {"run_dir": str(args.out_dir / name), "log": str(log_path), "load_before": load_average()}
     res = run_algo_train(name, algo, args.out_dir / name, overrides, log_path, timeout_s=args.timeout_s,
-                         reuse=args.reuse, echo=args.echo)
+                         reuse=args.reuse, echo=args.echo, config=config)
     rec |= {"status": res.status, "run_s": res.seconds, "load_after": load_average()}
     if res.status == "reused":  # the load now says nothing about when that run ran
         rec["load_before"] = rec["load_after"] = None

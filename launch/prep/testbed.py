@@ -166,6 +166,13 @@ def command_for_testbed(name: str, algo: str | None, config_file: str | None, fl
                         overrides: list[str]) -> tuple[str, list[str]]:
     """(the --config file, the --set list) of the testbed `name`'s run (module docstring): the warm model's (and
     PURE's PRM's) cache directories first, the user's keys after. Builds nothing (`build_testbed` does)."""
+    return str(yaml_of_testbed(name)), [*testbed_sets(name, algo, config_file, flags, overrides), *overrides]
+
+
+def testbed_sets(name: str, algo: str | None, config_file: str | None, flags: dict,
+                 overrides: list[str]) -> list[str]:
+    """The --set keys the testbed `name` gives a run of these arguments: `model.path=` its warm model's cache
+    directory and, for PURE without a PRM of the user's, `pure.prm=hf pure.prm_path=` its PRM's."""
     from launch.prep.testbed_prm import prm_dir
 
     cfg, prm = _testbed_run(name, algo, config_file, flags, overrides)
@@ -173,7 +180,7 @@ def command_for_testbed(name: str, algo: str | None, config_file: str | None, fl
     extra = [f"model.path={warm.resolve()}"]
     if prm:
         extra += ["pure.prm=hf", f"pure.prm_path={prm_dir(cfg, warm).resolve()}"]
-    return str(yaml_of_testbed(name)), [*extra, *overrides]
+    return extra
 
 
 def build_testbed(name: str, algo: str | None, flags: dict, overrides: list[str], log=print) -> list[Path]:
