@@ -42,6 +42,7 @@ from typing import Protocol
 import torch
 
 from algos.pure.steps import SEPARATOR, scores_from_logits, step_spans
+from learner.prm_agreement import prm_agreement
 from learner.provider_base import ModelHost, Provider, ProviderContext
 
 
@@ -293,10 +294,14 @@ def score_responses(prm: ProcessRewardModel, tokenizer, pairs: Sequence[tuple[Se
     """(step-end token positions, step scores) of each (prompt ids, response ids) pair; a PRM with a
     `score_batch` method scores them all in one call, any other one response at a time."""
     steps = [response_steps(tokenizer, p, r) for p, r in pairs]
-    items = [item for item, _ in steps]
-    batch = getattr(prm, "score_batch", None)
-    raw = batch(items) if batch is not None else [prm.score_steps(*item) for item in items]
+    raw = raw_scores(prm, [item for item, _ in steps])
     return [step_ends(spans, r) for (_, spans), r in zip(steps, raw)]
+
+
+def raw_scores(prm: ProcessRewardModel, items) -> list[list[float | None]]:
+    """The PRM's scores of (prompt, response, step spans) items: in one call when it has `score_batch`."""
+    batch = getattr(prm, "score_batch", None)
+    return batch(items) if batch is not None else [prm.score_steps(*item) for item in items]
 
 
 def score_response(prm: ProcessRewardModel, tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int],
@@ -319,9 +324,19 @@ class ProcessRewards(Provider):
         n, dev = len(ctx.local), ctx.response_mask.device
         ends = torch.zeros(n, ctx.width, dtype=torch.bool)
         scores = torch.zeros(n, ctx.width, dtype=torch.float32)
-        pairs = [(ctx.rows[g].prompt, ctx.rows[g].response) for g in ctx.local]
-        for i, (pos, vals) in enumerate(score_responses(self.prm, self.tokenizer, pairs)):
+        rows = [ctx.rows[g] for g in ctx.local]
+        steps = [response_steps(self.tokenizer, r.prompt, r.response) for r in rows]
+        items = [item for item, _ in steps]
+        raw = raw_scores(self.prm, items)
+        for i, ((_, spans), r) in enumerate(zip(steps, raw)):
+            pos, vals = step_ends(spans, r)
             if pos:
                 ends[i, pos] = True
                 scores[i, pos] = torch.tensor(vals)
+        self._metrics = prm_agreement(items, raw, [r.reward for r in rows], [r.group for r in rows],
+                                      against_checker=not isinstance(self.prm, RuleStepChecker))
         return {"step_end_mask": ends.to(dev), "step_scores": scores.to(dev)}
+
+    def metrics(self) -> dict[str, float]:
+        """This step's `learner.prm_agreement` metrics."""
+        return self._metrics
