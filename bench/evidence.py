@@ -21,12 +21,23 @@ Studies (STUDIES below holds the exact overrides):
              the learner is slower than the actors, so the buffer fills and rows reach the bound K),
              K ∈ {0, 2, 8, 16} × loss.is_correction ∈ {none, tis, decoupled}; K = 0 once (tis), where the
              three coincide up to sampler/learner numerics.
+  steps-*    on the step-by-step testbed (`--testbed steps`: 4-5 digit worked solutions, a 4-layer warm model,
+             a learned PRM; launch.prep.testbed); every seed starts from seed 0's warm model and PRM, so
+             seeds vary the RL run (prompt order, sampling), as the papers' seeds do:
+    steps-hacking  PURE min- vs sum-form credit with PRM-only reward (pure.c_vr=0) from the learned PRM;
+    steps-dense    RLOO (outcome only), PURE min-form (learned PRM + verifier), PRIME; samples to RLOO's
+                   final accuracy;
+    steps-prm-drift  no runs: the fixed learned PRM's and PRIME's online PRM's accuracy on the policy's own
+                   rollouts over the steps-dense runs (pure/prm_pair_acc, pure/prm_step_acc, prime/dpo_acc);
+    steps-luffy-beyond  GRPO against LUFFY on steps-hard (7-8 digits: the warm model's pass@8 is 0);
+    steps-pacs     GRPO against PACS, both at 4 optimiser steps per RL step.
+             Each names `traces`: training metrics tabulated and drawn over the run (bench/evidence_traces.py).
   cost       no runs of its own: seconds per sample and seconds to the threshold of each algorithm, from
              the dense and pacs runs (same task, same budget, same machine).
 
 Per run: held-out greedy accuracy at every evaluation (step 0 = before RL), samples (Σ batch/rows, exact),
 training seconds (the loop's clock minus evaluations, bench/runs.training_clock), mean ESS, mismatch KL,
-staleness and clip fraction. Per arm over seeds: mean ± sd of the final and best accuracy and of the gain
+staleness and clip fraction. Per arm over seeds: mean ± standard error (SE) of the final and best accuracy and of the gain
 over the start; samples (and seconds) until the first evaluation at or above the run's own start +
 `threshold` (a seed that never gets there counts as "not reached" and the arm's mean is over the seeds
 that did, with the count shown). Against the study's baseline arm: the paired difference of final
@@ -34,7 +45,8 @@ accuracy, seed by seed (same seed = same starting model and prompt order), with 
 evaluation binomial SE) (bench/runs.paired_accuracy_delta): |Δ| ≤ 2σ is "inside the noise".
 
 Output: one JSON line per run on stdout, `bench/evidence_<study>.md` (table) and
-`bench/evidence_<study>.png` (mean accuracy ± sd over seeds vs samples, one line per arm).
+`bench/evidence_<study>.png` (mean accuracy ± SE over seeds vs samples, one line per arm; one panel more per
+trace: bench/evidence_traces.py).
 
   .venv/bin/python bench/evidence.py --study luffy            # 2 arms × 3 seeds
   .venv/bin/python bench/evidence.py --study all --reuse      # tables and plots from the recorded runs
@@ -44,14 +56,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.evidence_studies import COST_FROM, STUDIES, Study, config_file, run_overrides, testbed_start  # noqa: E402
+from bench.evidence_traces import draw_traces, mean_se, trace_rows  # noqa: E402
 from bench.runs import (  # noqa: E402
     ROOT,
     cumulative_samples,
@@ -62,7 +76,6 @@ from bench.runs import (  # noqa: E402
     machine,
     markdown_table,
     mean_over,
-    mean_sd,
     paired_accuracy_delta,
     rounded,
     run_and_analyse,
@@ -70,139 +83,6 @@ from bench.runs import (  # noqa: E402
     training_clock,
     training_rows,
 )
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    algo: str
-    overrides: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    title: str
-    claim: str  # what the paper reports, to set ours beside
-    arms: tuple[Arm, ...]
-    steps: int  # learner steps per run (every config here consumes 64 samples a step)
-    eval_every: int
-    baseline: str  # arm the others are compared with, seed by seed
-    common: tuple[str, ...] = ()
-    threshold: float = 0.10  # gain over the run's own start that counts as "reached"
-    # start from the tiny model warmed up (SFT) under these overrides of the grpo config, not on the run's
-    # own task (None: each run warms up as its config says)
-    warm_start: tuple[str, ...] | None = None
-    # run on this built-in testbed (configs/testbeds/<name>.yaml, launch.prep.testbed): every seed starts from
-    # seed 0's warm model (and PURE arms score with seed 0's PRM), so the seeds vary the RL run only
-    testbed: str | None = None
-    # per-step training metrics drawn and tabulated over training (bench/evidence_traces.py)
-    traces: tuple[str, ...] = ()
-    # no runs of its own: it reads these arms' runs of the study named here
-    source: str | None = None
-
-
-WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
-MINI = ("learner.mini_batches=4", "learner.epochs=2", "learner.lr=3e-5")
-
-STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("luffy", "LUFFY against GRPO from a weak start",
-          "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
-          "succeed; on-policy RL stays near flat there",
-          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
-          common=(f"model.sft_warmup_steps={WEAK_SFT_STEPS}",), threshold=0.05),
-    Study("luffy-beyond", "LUFFY against GRPO on a task beyond the model (2-digit warm-up, 3-digit task)",
-          "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
-          "succeed; on-policy RL stays near flat there",
-          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
-          common=("data.arithmetic.min_digits=3", "data.arithmetic.max_digits=3"), threshold=0.05, warm_start=()),
-    Study("dense", "Dense rewards: PURE and PRIME against outcome-only RLOO",
-          "PRIME (Cui et al. 2025): 2.5x the sample efficiency of outcome-only RLOO; PURE (Cheng et al. 2025): "
-          "min-form credit assignment avoids the reward hacking that sum-form credit suffers",
-          (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("pure-sum", "pure", ("pure.credit=gamma", "pure.gamma=1.0")),
-           Arm("prime", "prime")), steps=100, eval_every=10, baseline="rloo"),
-    Study("pacs", "PACS against GRPO",
-          "PACS (Li et al. 2025): reframing RLVR as supervised learning of a score (BCE on β·log-ratio) beats "
-          "PPO/GRPO at equal samples",
-          (Arm("grpo", "grpo"), Arm("pacs-question", "pacs"),
-           *(Arm(f"pacs-{m.replace('_', '-')}", "pacs", (f"pacs.weight_mode={m}",))
-             for m in ("only_positive", "only_negative", "none"))),
-          steps=100, eval_every=10, baseline="grpo"),
-    Study("steps-hacking", "PURE sum-form against min-form credit, PRM-only reward from a learned PRM (testbed)",
-          "PURE (Cheng et al. 2025, §4.3 Fig. 2a): with a learned PRM and no verifiable reward, sum-form credit "
-          "collapses early (PRM reward keeps rising while accuracy falls; responses of few or no real steps); "
-          "min-form stays stable far longer",
-          (Arm("pure-min", "pure"), Arm("pure-sum", "pure", ("pure.credit=gamma", "pure.gamma=1.0"))),
-          steps=80, eval_every=10, baseline="pure-min", common=("pure.c_vr=0.0",), testbed="steps",
-          traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
-                  "pure/num_steps", "pure/prm_step_acc")),
-    Study("steps-dense", "Dense rewards on the testbed: PURE (min-form, learned PRM) and PRIME against RLOO",
-          "PRIME (Cui et al. 2025, §4.4): outcome-only RLOO's final training reward in 40% of the steps (2.5x the "
-          "sample efficiency); PURE (Cheng et al. 2025, §4.3 Fig. 2b): PRM+VR runs reach the VR-only run's "
-          "accuracy in ~30% of the steps",
-          (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("prime", "prime")),
-          steps=80, eval_every=10, baseline="rloo", testbed="steps",
-          traces=("accuracy/train", "prime/prm_loss", "prime/dpo_acc", "pure/prm_step_acc", "pure/prm_pair_acc")),
-    Study("steps-prm-drift", "A fixed PRM against PRIME's online implicit PRM on the policy's own rollouts (testbed)",
-          "PRIME (Cui et al. 2025, §5.1 Figs. 5-6): an offline PRM starts accurate and loses accuracy on the "
-          "policy's rollouts as the policy moves; the online implicit PRM starts lower and gains it",
-          (Arm("pure-min", "pure"), Arm("prime", "prime")), steps=80, eval_every=10, baseline="pure-min",
-          testbed="steps", traces=("pure/prm_pair_acc", "prime/dpo_acc", "pure/prm_step_acc"), source="steps-dense"),
-    Study("steps-luffy-beyond", "LUFFY against GRPO on the testbed's level beyond the warm model (7-8 digits)",
-          "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance lets the model learn where its own rollouts "
-          "never succeed; on-policy RL's training reward stays at zero there",
-          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=100, eval_every=10, baseline="grpo",
-          common=("data.arithmetic.level=steps-hard",), threshold=0.05, testbed="steps",
-          traces=("accuracy/train", "luffy/reward_onpolicy", "entropy", "response/length_mean")),
-    Study("steps-pacs", "PACS against GRPO on the testbed, both at 4 optimiser steps per RL step",
-          "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples (most at large-k pass@k) and "
-          "keeps the policy's entropy where GRPO's collapses",
-          (Arm("grpo", "grpo", ("learner.mini_batches=4",)), Arm("pacs", "pacs")), steps=80, eval_every=10,
-          baseline="grpo", testbed="steps", traces=("accuracy/train", "entropy", "response/length_mean")),
-    Study("staleness", "Staleness K and the correction, with a trust region that acts",
-          "AReaL (Fu et al. 2025): naive PPO collapses at staleness 4 while the decoupled objective holds up to 8",
-          (Arm("K0", "grpo", ("buffer.max_staleness=0", "loss.is_correction=tis")),
-           *(Arm(f"K{k}-{c}", "grpo", (f"buffer.max_staleness={k}", f"loss.is_correction={c}"))
-             for k in (2, 8, 16) for c in ("none", "tis", "decoupled"))),
-          steps=40, eval_every=10, baseline="K0", common=MINI),
-)}
-COST_FROM = ("dense", "pacs")
-
-
-def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
-    return [*warm_model(study, seed), *testbed_start(study, arm), *study.common, *arm.overrides, f"seed={seed}",
-            f"learner.steps={study.steps}", f"learner.eval_every={study.eval_every}"]
-
-
-def config_file(study: Study) -> str | None:
-    """The --config file of the study's runs: its testbed's yaml (None: configs/<algo>.yaml alone)."""
-    from launch.prep.testbed import yaml_of_testbed
-
-    return str(yaml_of_testbed(study.testbed)) if study.testbed else None
-
-
-def testbed_start(study: Study, arm: Arm, build: bool = False) -> list[str]:
-    """The testbed's `model.path=` (and PURE's `pure.prm=hf pure.prm_path=`) of seed 0, whatever the run's seed;
-    with `build`, built first unless cached (launch.prep.testbed)."""
-    if study.testbed is None:
-        return []
-    from launch.prep.testbed import build_testbed, testbed_sets
-
-    args = (study.testbed, arm.algo, None, {}, [*study.common, *arm.overrides, "seed=0"])
-    if build:
-        build_testbed(study.testbed, arm.algo, {}, args[-1], log=log)
-    return testbed_sets(*args)
-
-
-def warm_model(study: Study, seed: int) -> list[str]:
-    """`model.path=` the study's warm start for `seed` (built and cached by `launch.prep.model_prep` if missing)."""
-    if study.warm_start is None:
-        return []
-    from configs.loading import resolve
-    from launch.prep.model_prep import prepare_model
-
-    cfg = resolve("grpo", overrides=[*study.warm_start, f"seed={seed}"])
-    return [f"model.path={prepare_model(cfg, log=log).resolve()}"]
 
 
 def analyse(rows: list[dict], steps: int, threshold: float, traces: tuple[str, ...] = ()) -> dict:
@@ -225,18 +105,26 @@ def analyse(rows: list[dict], steps: int, threshold: float, traces: tuple[str, .
 
 
 def summarise(recs: list[dict]) -> dict:
-    """One arm over its seeds (finished runs only)."""
+    """One arm over its seeds (finished runs only): means ± standard errors."""
     ok = [r for r in recs if r["status"] == "ok"]
     out: dict = {"seeds": len(ok), "failed": len(recs) - len(ok)}
     for key in ("accuracy_before", "accuracy_end", "accuracy_best", "s_per_sample", "ess", "mismatch_kl",
                 "staleness", "clipfrac", "demo_row_frac"):
-        out[key] = mean_sd([r.get(key) for r in ok])
-    out["gain"] = mean_sd([r["accuracy_end"] - r["accuracy_before"] for r in ok])
+        out[key] = mean_se([r.get(key) for r in ok])
+    out["gain"] = mean_se([r["accuracy_end"] - r["accuracy_before"] for r in ok])
     out["staleness_max"] = max((r["staleness_max"] for r in ok if r.get("staleness_max") is not None), default=None)
     for key in ("samples_to_threshold", "seconds_to_threshold"):
         got = [r[key] for r in ok if r.get(key) is not None]
-        out[key] = (*mean_sd(got), len(got))
+        out[key] = (*mean_se(got), len(got))
     return out
+
+
+def samples_to(recs: list[dict], target: float | None) -> tuple:
+    """(mean, SE, seeds) of the samples until held-out accuracy first reached `target`, over the seeds that did."""
+    got = [next((c["samples"] for c in r["curve"][1:] if c["accuracy"] >= target), None)
+           for r in recs if r["status"] == "ok"] if target is not None else []
+    got = [g for g in got if g is not None]
+    return (*mean_se(got), len(got))
 
 
 def paired(study: Study, by_arm: dict[str, list[dict]], arm: str) -> dict | None:
@@ -258,6 +146,7 @@ def reached(ms: tuple, total: int, spec: str) -> str:
 
 def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: str) -> str:
     rows = []
+    target = summarise(by_arm.get(study.baseline, []))["accuracy_end"][0]
     for arm in study.arms:
         recs = by_arm.get(arm.name, [])
         s = summarise(recs)
@@ -268,9 +157,11 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
                  pm(s["mismatch_kl"], ".4f"), pm(s["clipfrac"], ".3f")] if study.name == "staleness" else []
         rows.append([arm.name, f"{s['seeds']}/{len(seeds)}", pm(s["accuracy_before"]), pm(s["accuracy_end"]),
                      pm(s["accuracy_best"]), pm(s["gain"]), verdict,
-                     reached(s["samples_to_threshold"], s["seeds"], ".0f"), pm(s["s_per_sample"], ".4f"), *extra])
+                     reached(s["samples_to_threshold"], s["seeds"], ".0f"),
+                     reached(samples_to(recs, target), s["seeds"], ".0f"), pm(s["s_per_sample"], ".4f"), *extra])
     heads = ["arm", "seeds", "acc before", "acc end", "best", "gain", f"Δ end vs {study.baseline} (paired)",
-             f"samples to start+{study.threshold:g}", "train s / sample"]
+             f"samples to start+{study.threshold:g}", f"samples to {study.baseline}'s end ({fmt(target)})",
+             "train s / sample"]
     if study.name == "staleness":
         heads += ["staleness mean / max", "ESS", "mismatch KL", "clipfrac"]
     m = machine()
@@ -288,7 +179,18 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         + (f"1-minute load {min(loads):.1f}–{max(loads):.1f} during the runs started by this command" if loads
            else "the load during the runs is in the log of the command that ran them (not re-read by --reuse)")
         + " (seconds per sample are only comparable at similar load).", "",
-        markdown_table(heads, rows), "", f"Plot: `bench/evidence_{study.name}.png`.", ""])
+        "Means ± standard errors over seeds.", "", markdown_table(heads, rows), "",
+        *trace_table(study, by_arm), f"Plot: `bench/evidence_{study.name}.png`.", ""])
+
+
+def trace_table(study: Study, by_arm: dict[str, list[dict]]) -> list[str]:
+    rows = trace_rows([a.name for a in study.arms], by_arm, study.traces, study.steps, study.eval_every,
+                      lambda v: fmt(v, ".3f"))
+    if not rows:
+        return []
+    return [f"Training metrics over the run (window means of {study.eval_every} steps, mean ± SE over seeds; "
+            "change = last − first, paired by seed):", "",
+            markdown_table(["arm", "metric", "seeds", "first window", "last window", "change"], rows), ""]
 
 
 def plot(study: Study, by_arm: dict[str, list[dict]], path: Path) -> None:
@@ -297,7 +199,15 @@ def plot(study: Study, by_arm: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    keys = [k for k in study.traces if any(r.get("traces", {}).get(k) for recs in by_arm.values() for r in recs)]
+    cols = min(3, 1 + len(keys))
+    rows = math.ceil((1 + len(keys)) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 if cols == 1 else 4.6 * cols, 4.2 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for extra in flat[1 + len(keys):]:
+        extra.set_visible(False)
+    draw_traces(flat[1:1 + len(keys)], [a.name for a in study.arms], by_arm, keys, study.steps, study.eval_every)
+    ax = flat[0]
     for arm in study.arms:
         ok = [r for r in by_arm.get(arm.name, []) if r["status"] == "ok"]
         if not ok:
@@ -306,14 +216,14 @@ def plot(study: Study, by_arm: dict[str, list[dict]], path: Path) -> None:
         xs = [statistics.fmean(c["samples"] for r in ok for c in r["curve"] if c["step"] == s) for s in steps]
         per = [[c["accuracy"] for r in ok for c in r["curve"] if c["step"] == s] for s in steps]
         mean = [statistics.fmean(v) for v in per]
-        sd = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in per]
+        sd = [statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0 for v in per]
         ax.plot(xs, mean, marker="o", ms=3, label=f"{arm.name} ({len(ok)} seeds)")
         ax.fill_between(xs, [a - b for a, b in zip(mean, sd)], [a + b for a, b in zip(mean, sd)], alpha=0.15)
     ax.set_xlabel("samples consumed by the learner")
-    ax.set_ylabel("held-out accuracy (greedy), mean ± sd over seeds")
+    ax.set_ylabel("held-out accuracy (greedy), mean ± SE over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(study.title, fontsize=10)
+    (fig.suptitle if keys else ax.set_title)(study.title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -334,7 +244,7 @@ def render_cost(records: dict[str, dict[str, list[dict]]]) -> str:
     return "\n".join([
         "### What each algorithm costs (`bench/evidence.py --study cost`: the dense and pacs runs)", "",
         "Training seconds (the loop's clock, evaluations excluded) per sample the learner consumed, and samples / "
-        "seconds until held-out accuracy first reached the run's start + 0.10, mean ± sd over the seeds that got "
+        "seconds until held-out accuracy first reached the run's start + 0.10, mean ± SE over the seeds that got "
         "there (count in brackets). Same task, budget and machine; the runs ran one after another, so the "
         "machine's load drifts between them (each study's table gives the range).", "",
         markdown_table(["algorithm (study)", "seeds", "train s / sample", "samples to start+0.1",
