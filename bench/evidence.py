@@ -179,7 +179,8 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         + (f"1-minute load {min(loads):.1f}–{max(loads):.1f} during the runs started by this command" if loads
            else "the load during the runs is in the log of the command that ran them (not re-read by --reuse)")
         + " (seconds per sample are only comparable at similar load).", "",
-        "Means ± standard errors over seeds.", "", markdown_table(heads, rows), "",
+        *([f"The runs are `--study {study.source}`'s; its table gives their held-out accuracy.", ""] if study.source
+          else ["Means ± standard errors over seeds.", "", markdown_table(heads, rows), ""]),
         *trace_table(study, by_arm), f"Plot: `bench/evidence_{study.name}.png`.", ""])
 
 

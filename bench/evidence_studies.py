@@ -89,7 +89,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "never succeed; on-policy RL's training reward stays at zero there",
           (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=100, eval_every=10, baseline="grpo",
           common=("data.arithmetic.level=steps-hard",), threshold=0.05, testbed="steps",
-          traces=("accuracy/train", "luffy/reward_onpolicy", "entropy", "response/length_mean")),
+          traces=("accuracy/train", "luffy/reward_onpolicy", "luffy/off_policy_prob", "entropy",
+                  "response/length_mean")),
     Study("steps-pacs", "PACS against GRPO on the testbed, both at 4 optimiser steps per RL step",
           "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples (most at large-k pass@k) and "
           "keeps the policy's entropy where GRPO's collapses",
