@@ -99,6 +99,7 @@ def analyse(rows: list[dict], steps: int, threshold: float, traces: tuple[str, .
             "samples": samples[steps], "train_s": clock[steps], "s_per_sample": clock[steps] / samples[steps],
             "samples_to_threshold": reached["samples"] if reached else None,
             "seconds_to_threshold": reached["train_s"] if reached else None,
+            "collapse_step": next((c["step"] for c in curve[1:] if c["accuracy"] <= before / 2), None) if before else None,
             "staleness_max": max((r.get("staleness/max") or 0 for r in train), default=None),
             **{k: mean_over(rows, v) for k, v in keys.items()}, "curve": curve,
             "traces": {k: {r["step"]: r[k] for r in train if r.get(k) is not None} for k in traces}}
@@ -113,7 +114,7 @@ def summarise(recs: list[dict]) -> dict:
         out[key] = mean_se([r.get(key) for r in ok])
     out["gain"] = mean_se([r["accuracy_end"] - r["accuracy_before"] for r in ok])
     out["staleness_max"] = max((r["staleness_max"] for r in ok if r.get("staleness_max") is not None), default=None)
-    for key in ("samples_to_threshold", "seconds_to_threshold"):
+    for key in ("samples_to_threshold", "seconds_to_threshold", "collapse_step"):
         got = [r[key] for r in ok if r.get(key) is not None]
         out[key] = (*mean_se(got), len(got))
     return out
@@ -146,7 +147,10 @@ def reached(ms: tuple, total: int, spec: str) -> str:
 
 def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: str) -> str:
     rows = []
-    target = summarise(by_arm.get(study.baseline, []))["accuracy_end"][0]
+    base = summarise(by_arm.get(study.baseline, []))
+    # the baseline's final accuracy, when it rose above its start (else every arm "reaches" it at once)
+    target = base["accuracy_end"][0] if (base["accuracy_end"][0] or 0) > (base["accuracy_before"][0] or 0) else None
+    collapses = any(r.get("collapse_step") for recs in by_arm.values() for r in recs)
     for arm in study.arms:
         recs = by_arm.get(arm.name, [])
         s = summarise(recs)
@@ -158,12 +162,15 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         rows.append([arm.name, f"{s['seeds']}/{len(seeds)}", pm(s["accuracy_before"]), pm(s["accuracy_end"]),
                      pm(s["accuracy_best"]), pm(s["gain"]), verdict,
                      reached(s["samples_to_threshold"], s["seeds"], ".0f"),
-                     reached(samples_to(recs, target), s["seeds"], ".0f"), pm(s["s_per_sample"], ".4f"), *extra])
+                     reached(samples_to(recs, target), s["seeds"], ".0f"), pm(s["s_per_sample"], ".4f"), *extra,
+                     *([reached(s["collapse_step"], s["seeds"], ".0f")] if collapses else [])])
     heads = ["arm", "seeds", "acc before", "acc end", "best", "gain", f"Δ end vs {study.baseline} (paired)",
              f"samples to start+{study.threshold:g}", f"samples to {study.baseline}'s end ({fmt(target)})",
              "train s / sample"]
     if study.name == "staleness":
         heads += ["staleness mean / max", "ESS", "mismatch KL", "clipfrac"]
+    if collapses:
+        heads.append("collapse: first step with acc ≤ ½ start")
     m = machine()
     loads = [x for recs in by_arm.values() for r in recs for x in (r.get("load_before"), r.get("load_after"))
              if x is not None]

@@ -49,3 +49,13 @@ def test_a_study_without_runs_reads_arms_its_source_study_has(name):
     source = STUDIES[study.source]
     assert {a.name: a for a in study.arms}.items() <= {a.name: a for a in source.arms}.items()
     assert (study.steps, study.eval_every, study.testbed) == (source.steps, source.eval_every, source.testbed)
+
+
+def test_a_run_collapses_at_the_first_evaluation_at_or_below_half_its_start():
+    from bench.evidence import analyse
+    from tests.bench.test_evidence import _rows
+
+    # start 0.30: half is 0.15; step 2's 0.16 is above it, step 4's 0.15 is not
+    assert analyse(_rows({0: 0.30, 2: 0.16, 4: 0.15}), steps=4, threshold=0.1)["collapse_step"] == 4
+    assert analyse(_rows({0: 0.30, 2: 0.16, 4: 0.20}), steps=4, threshold=0.1)["collapse_step"] is None
+    assert analyse(_rows({0: 0.0, 2: 0.0, 4: 0.0}), steps=4, threshold=0.1)["collapse_step"] is None  # nothing to lose
