@@ -6,7 +6,7 @@ evaluation period. A study runs every arm for every seed (seeds outermost: after
 result) into `--out-dir/<study>/<arm>-s<seed>`; a run folder that already holds a finished run is reused,
 so a study can be stopped and continued, and `--reuse` re-analyses without starting anything.
 
-Studies (STUDIES below holds the exact overrides):
+Studies (bench/evidence_studies.py holds the exact overrides):
   luffy      a weak start (model.sft_warmup_steps small: greedy held-out accuracy near 0) — GRPO against
              LUFFY with teacher rows from the task's reference solutions, equal samples.
   luffy-beyond  a model that has the format but not the task: the shipped warm model (300 SFT steps on the
@@ -65,7 +65,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.evidence_studies import COST_FROM, STUDIES, Study, config_file, run_overrides, testbed_start  # noqa: E402
-from bench.evidence_traces import draw_traces, mean_se, trace_rows  # noqa: E402
+from bench.evidence_traces import draw_traces, trace_rows  # noqa: E402
 from bench.runs import (  # noqa: E402
     ROOT,
     cumulative_samples,
@@ -76,6 +76,7 @@ from bench.runs import (  # noqa: E402
     machine,
     markdown_table,
     mean_over,
+    mean_se,
     paired_accuracy_delta,
     rounded,
     run_and_analyse,

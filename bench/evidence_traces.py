@@ -9,17 +9,14 @@ seed; the plot draws every window.
 
 from __future__ import annotations
 
-import math
 import statistics
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    """(mean, standard error of the mean) of the values that are not None; SE None below two values."""
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) >= 2 else None)
+from bench.runs import mean_se  # noqa: E402
 
 
 def windows(trace: dict[int, float], steps: int, width: int) -> dict[int, float]:

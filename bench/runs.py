@@ -489,6 +489,12 @@ def mean_sd(values: Sequence[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) >= 2 else None)
 
 
+def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """(mean, standard error of the mean) of the values that are not None; SE None below two values."""
+    mean, sd = mean_sd(values)
+    return mean, (sd / math.sqrt(sum(v is not None for v in values)) if sd is not None else None)
+
+
 # ---------------------------------------------------------------------------------------------- output
 def fmt(value, spec: str = ".3f", missing: str = "–") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

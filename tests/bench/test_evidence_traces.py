@@ -6,7 +6,8 @@ import pytest
 
 from bench.evidence import samples_to
 from bench.evidence_studies import STUDIES, config_file, run_overrides
-from bench.evidence_traces import mean_se, trace_rows, windows
+from bench.evidence_traces import trace_rows, windows
+from bench.runs import mean_se
 
 
 def test_windows_average_each_period_and_skip_empty_ones():
