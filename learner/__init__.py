@@ -9,7 +9,7 @@ Public API (everything else is an implementation module):
   latest_checkpoint(checkpoints_dir)             newest committed step_<N> directory
   export_hf(checkpoint, out)                     the policy of a checkpoint as an HF model directory
   PROVIDERS / register_provider                  StepBatch inputs by name (learner.providers)
-  ProcessRewardModel, RuleStepChecker, HFTokenClassificationPRM   PURE's PRM interface (learner.pure_prm)
+  ProcessRewardModel, RuleStepChecker, HFTokenClassificationPRM   PURE's PRM interface (learner.prm.pure)
 Imports are lazy so `import learner` stays cheap and torch.distributed is touched only on use.
 """
 
@@ -23,9 +23,9 @@ _EXPORTS = {
     "export_hf": "learner.checkpoint",
     "PROVIDERS": "learner.providers",
     "register_provider": "learner.providers",
-    "ProcessRewardModel": "learner.pure_prm",
-    "RuleStepChecker": "learner.pure_prm",
-    "HFTokenClassificationPRM": "learner.pure_prm",
+    "ProcessRewardModel": "learner.prm.pure",
+    "RuleStepChecker": "learner.prm.pure",
+    "HFTokenClassificationPRM": "learner.prm.pure",
 }
 
 __all__ = sorted(_EXPORTS)

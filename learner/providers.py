@@ -6,7 +6,7 @@ provider registered under each name here (`build_providers`). An output named "r
 `learner.provider_base`.
 
 Built in: "ref_logprobs" (frozen reference policy, below), "prime_q" (PRIME's implicit PRM,
-`learner.prime_prm`), "process_rewards" (PURE's step scores, `learner.pure_prm`); `register_provider`
+`learner.prm.prime`), "process_rewards" (PURE's step scores, `learner.prm.pure`); `register_provider`
 adds one.
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from learner.prime_prm import ImplicitPRM
+from learner.prm.prime import ImplicitPRM
+from learner.prm.pure import ProcessRewards
 from learner.provider_base import ModelHost, Provider, ProviderContext, run_scorer
-from learner.pure_prm import ProcessRewards
 
 __all__ = ["PROVIDERS", "ModelHost", "Provider", "ProviderContext", "ReferenceLogprobs", "build_providers",
            "register_provider", "run_scorer"]

@@ -1,5 +1,5 @@
 """PRIME's options, configuration rules and registration (torch-free; the maths is `algos.prime.maths`,
-`algos.prime.prm` and the learner's implicit-PRM provider, `learner.prime_prm`; REFERENCE_NOTES §2).
+`algos.prime.prm` and the learner's implicit-PRM provider, `learner.prm.prime`; REFERENCE_NOTES §2).
 
 Reference defaults set outside this section (§2.7): loss.entropy_coef 0 (PRIME-orig script; the
 PRIME-verl recipe uses 0.001), loss.dual_clip null (PRIME-orig has none; PRIME-verl's actor uses

@@ -242,7 +242,7 @@ def prm_detach_dpo_loss(
                 n_i·(mean_j [β·q_bc_ij ≤ Q_i])^{n_i−1} (bon_rm; Q_i's value, no gradient through w).
     Reduction of w_i·ℓ_i: `None` (default) = the reference's, a mean over rows for bon_mode `none` and a
     weighted **sum** over rows for the bon modes; or `mean` (Σ/B), `sum`, `none` ([B]). The learner
-    uses `sum` divided by the rows of the whole step (learner/prime_prm.py).
+    uses `sum` divided by the rows of the whole step (learner/prm/prime.py).
 
     Deviations from the reference: ℓ is computed as −logsigmoid (finite where the reference's
     log(sigmoid) underflows to −inf, beyond |x| ≈ 88 in float32); groups may be ragged (`bc_mask`).

@@ -1,5 +1,5 @@
 """PURE's options, configuration rules and registration (torch-free; the maths is `algos.pure.maths` and
-`algos.pure.steps`, the step scorer the learner's "process_rewards" provider, `learner.pure_prm`;
+`algos.pure.steps`, the step scorer the learner's "process_rewards" provider, `learner.prm.pure`;
 REFERENCE_NOTES §3, §7.7–7.10)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The testbed's learned PRM for PURE: a 2-label token-classification model trained on step-labelled samples of
 the warm policy, saved in HF format beside the warm model and read by the run through `pure.prm=hf`
-(`learner.pure_prm.HFTokenClassificationPRM`) exactly as a user's PRM is.
+(`learner.prm.pure.HFTokenClassificationPRM`) exactly as a user's PRM is.
 
 Why learned and imperfect: PURE's central claim is that summing a learned PRM's step scores gets hacked and
 its min-form does not; our rule step checker cannot be hacked (`../shared/reviews/evidence_notes.md` §1c).
@@ -12,7 +12,7 @@ Recipe (`PrmRecipe`; the run's seed and data seed pick the samples):
 1. sample the warm policy (`launch.prep.policy_samples.generate`, temperature 1, the rollout's) on
    `train_prompts` training prompts × `samples` and on `heldout_prompts` held-out prompts × `heldout_samples`;
 2. cut each response into steps and label them as the run's PURE provider would see them: token spans by
-   `learner.pure_prm.response_steps` (the provider's own function), labels from the rule step checker
+   `learner.prm.pure.response_steps` (the provider's own function), labels from the rule step checker
    (`tasks.step_checker`): +1 → 1 (right), −1 → 0 (wrong); a step without a claim (prose, 0) or an empty one
    (None) is not trained on;
 3. start from the warm policy's weights with a new 2-label head (`AutoModelForTokenClassification`, the
@@ -62,7 +62,7 @@ class Labelled:
 
 def label_responses(tokenizer, pairs) -> list[Labelled]:
     """`Labelled` of each (prompt ids, response ids) pair (module docstring, step 2)."""
-    from learner.pure_prm import RuleStepChecker, response_steps
+    from learner.prm.pure import RuleStepChecker, response_steps
 
     checker, out = RuleStepChecker(), []
     for prompt_ids, response_ids in pairs:
@@ -93,7 +93,7 @@ def train_prm(init_dir: Path, items: list[Labelled], recipe: PrmRecipe, seed: in
     {"loss_first", "loss_last"} (mean cross-entropy of the first and last 10 steps)."""
     import torch
 
-    from learner.pure_prm import HFTokenClassificationPRM
+    from learner.prm.pure import HFTokenClassificationPRM
 
     prm = HFTokenClassificationPRM(init_dir)  # its encode is the run's: same tags, same tokenizer
     model = prm.model.requires_grad_(True).train()
@@ -199,7 +199,7 @@ def prepare_prm(cfg: RunConfig, warm: Path, recipe: PrmRecipe = PrmRecipe(), log
     """The cached PRM of warm model `warm` for `cfg` (its level: `launch.prep.testbed.warm_config`), trained if
     missing (module docstring); it appears by a rename, complete, with its `prm_report.json`."""
     from launch.prep.testbed import warm_config
-    from learner.pure_prm import HFTokenClassificationPRM
+    from learner.prm.pure import HFTokenClassificationPRM
 
     out = prm_dir(cfg, warm, recipe)
     if (out / "config.json").is_file():

@@ -8,7 +8,7 @@ user brings to `algo-train --model DIR --data FILE`, shaped like a real one.
   needs 64), one key/value head (grouped-query attention, as Qwen2 models have), q/k/v biases, tied
   embeddings, float32 safetensors;
 - a random-init `Qwen2ForTokenClassification` with 2 labels and the same tokenizer: PURE's HF PRM
-  (`learner.pure_prm.HFTokenClassificationPRM`: "\\n", its step tag, is one byte-level token).
+  (`learner.prm.pure.HFTokenClassificationPRM`: "\\n", its step tag, is one byte-level token).
 
 Why random weights: the runs check that every algorithm trains end to end on a real architecture, a
 real tokenizer and real data with math-verify rewards, not that it learns. Such a model scores 0, so

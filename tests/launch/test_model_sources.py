@@ -23,7 +23,7 @@ from configs.schema import RunConfig
 from launch.loop.samples import SampleLog
 from launch.prep.hub import is_hub_id
 from launch.prep.preflight import PreflightError, preflight
-from learner.pure_prm import make_prm
+from learner.prm.pure import make_prm
 from tasks.tiny_model import build_tiny_model
 from tests.hub_cache import hub_cache
 

@@ -24,7 +24,7 @@ from launch.prep.testbed import (
     yaml_of_testbed,
 )
 from launch.prep.testbed_prm import PrmRecipe, init_prm, label_responses, prm_dir, step_accuracy, train_prm
-from learner.pure_prm import HFTokenClassificationPRM, make_prm, score_responses
+from learner.prm.pure import HFTokenClassificationPRM, make_prm, score_responses
 from tasks import build_tiny_model
 from tasks.arithmetic import Fault, level_config, make_splits, solve
 

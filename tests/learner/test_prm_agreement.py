@@ -1,8 +1,8 @@
-"""learner.prm_agreement: the learned PRM's agreement with the step checker and the verifier (golden values)."""
+"""learner.prm.agreement: the learned PRM's agreement with the step checker and the verifier (golden values)."""
 
 import pytest
 
-from learner.prm_agreement import pair_accuracy, prm_agreement, step_agreement
+from learner.prm.agreement import pair_accuracy, prm_agreement, step_agreement
 
 
 def test_step_agreement_counts_only_steps_both_judge():

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForTokenClassification
 
 from learner.learner import Learner
-from learner.pure_prm import (
+from learner.prm.pure import (
     HFTokenClassificationPRM,
     RuleStepChecker,
     make_prm,

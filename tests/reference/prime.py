@@ -1,6 +1,6 @@
 """PRIME reference rules the package leaves to others: the group filter and oversample-then-downsample
 (the buffer's `buffer.filter=accuracy_window` is the live rule, `buffer/core.py`), and the implicit q
-(computed inside the learner's PRM provider, `learner.prime_prm`)."""
+(computed inside the learner's PRM provider, `learner.prm.prime`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How a PRM's verdicts on the rollouts it scores compare with the task's step checker and with the verifier.
 
-PURE's "process_rewards" provider (`learner.pure_prm.ProcessRewards`) logs these every step. They are the
+PURE's "process_rewards" provider (`learner.prm.pure.ProcessRewards`) logs these every step. They are the
 PRIME paper's drift measurement (§5.1, Figs. 5-6: a PRM's accuracy on the policy's own rollouts over
 training) for a PRM held fixed while the policy moves; `prime/dpo_acc` is the same measurement for PRIME's
 online implicit PRM (`bench/evidence.py --study steps-prm-drift` sets them side by side).

@@ -42,7 +42,7 @@ from typing import Protocol
 import torch
 
 from algos.pure.steps import SEPARATOR, scores_from_logits, step_spans
-from learner.prm_agreement import prm_agreement
+from learner.prm.agreement import prm_agreement
 from learner.provider_base import ModelHost, Provider, ProviderContext
 
 
@@ -338,5 +338,5 @@ class ProcessRewards(Provider):
         return {"step_end_mask": ends.to(dev), "step_scores": scores.to(dev)}
 
     def metrics(self) -> dict[str, float]:
-        """This step's `learner.prm_agreement` metrics."""
+        """This step's `learner.prm.agreement` metrics."""
         return self._metrics
