@@ -193,8 +193,7 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
 
 
 def trace_table(study: Study, by_arm: dict[str, list[dict]]) -> list[str]:
-    rows = trace_rows([a.name for a in study.arms], by_arm, study.traces, study.steps, study.eval_every,
-                      lambda v: fmt(v, ".3f"))
+    rows = trace_rows([a.name for a in study.arms], by_arm, study.traces, study.steps, study.eval_every)
     if not rows:
         return []
     return [f"Training metrics over the run (window means of {study.eval_every} steps, mean ± SE over seeds; "

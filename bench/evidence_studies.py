@@ -3,7 +3,7 @@ docstring says what each study is for)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.runs import log
 
@@ -41,6 +41,14 @@ class Study:
 WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
 MINI = ("learner.mini_batches=4", "learner.epochs=2", "learner.lr=3e-5")
 
+STEPS_DENSE = Study("steps-dense", "Dense rewards on the testbed: PURE (min-form, learned PRM) and PRIME against RLOO",
+                    "PRIME (Cui et al. 2025, §4.4): outcome-only RLOO's final training reward in 40% of the steps (2.5x the "
+                    "sample efficiency); PURE (Cheng et al. 2025, §4.3 Fig. 2b): PRM+VR runs reach the VR-only run's "
+                    "accuracy in ~30% of the steps",
+                    (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("prime", "prime")),
+                    steps=80, eval_every=10, baseline="rloo", testbed="steps",
+                    traces=("accuracy/train", "prime/prm_loss", "prime/dpo_acc", "pure/prm_step_acc", "pure/prm_pair_acc"))
+
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("luffy", "LUFFY against GRPO from a weak start",
           "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
@@ -72,18 +80,13 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           steps=80, eval_every=10, baseline="pure-min", common=("pure.c_vr=0.0",), testbed="steps",
           traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
                   "pure/num_steps", "pure/prm_step_acc")),
-    Study("steps-dense", "Dense rewards on the testbed: PURE (min-form, learned PRM) and PRIME against RLOO",
-          "PRIME (Cui et al. 2025, §4.4): outcome-only RLOO's final training reward in 40% of the steps (2.5x the "
-          "sample efficiency); PURE (Cheng et al. 2025, §4.3 Fig. 2b): PRM+VR runs reach the VR-only run's "
-          "accuracy in ~30% of the steps",
-          (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("prime", "prime")),
-          steps=80, eval_every=10, baseline="rloo", testbed="steps",
-          traces=("accuracy/train", "prime/prm_loss", "prime/dpo_acc", "pure/prm_step_acc", "pure/prm_pair_acc")),
-    Study("steps-prm-drift", "A fixed PRM against PRIME's online implicit PRM on the policy's own rollouts (testbed)",
-          "PRIME (Cui et al. 2025, §5.1 Figs. 5-6): an offline PRM starts accurate and loses accuracy on the "
-          "policy's rollouts as the policy moves; the online implicit PRM starts lower and gains it",
-          (Arm("pure-min", "pure"), Arm("prime", "prime")), steps=80, eval_every=10, baseline="pure-min",
-          testbed="steps", traces=("pure/prm_pair_acc", "prime/dpo_acc", "pure/prm_step_acc"), source="steps-dense"),
+    STEPS_DENSE,
+    replace(STEPS_DENSE, name="steps-prm-drift",
+            title="A fixed PRM against PRIME's online implicit PRM on the policy's own rollouts (testbed)",
+            claim="PRIME (Cui et al. 2025, §5.1 Figs. 5-6): an offline PRM starts accurate and loses accuracy on "
+                  "the policy's rollouts as the policy moves; the online implicit PRM starts lower and gains it",
+            arms=STEPS_DENSE.arms[1:], baseline="pure-min", source=STEPS_DENSE.name,
+            traces=("pure/prm_pair_acc", "prime/dpo_acc", "pure/prm_step_acc")),
     Study("steps-luffy-beyond", "LUFFY against GRPO on the testbed's level beyond the warm model (7-8 digits)",
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance lets the model learn where its own rollouts "
           "never succeed; on-policy RL's training reward stays at zero there",

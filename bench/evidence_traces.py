@@ -35,7 +35,7 @@ def run_windows(rec: dict, key: str, steps: int, width: int) -> dict[int, float]
 
 
 def trace_rows(arms: Sequence[str], by_arm: dict[str, list[dict]], keys: Sequence[str], steps: int,
-               width: int, fmt) -> list[list[str]]:
+               width: int) -> list[list[str]]:
     """Table rows (arm, metric, seeds, first window, last window, last − first paired by seed) of every arm
     and trace that some finished run of the arm logged."""
     rows = []
@@ -48,16 +48,17 @@ def trace_rows(arms: Sequence[str], by_arm: dict[str, list[dict]], keys: Sequenc
             first, last = min(per[0]), max(per[0])
             a, b = mean_se([w.get(first) for w in per]), mean_se([w.get(last) for w in per])
             d = mean_se([w[last] - w[first] for w in per if first in w and last in w])
-            rows.append([arm, f"`{key}`", str(len(per)), f"{pm(a, fmt)} (steps 1–{first})",
-                         f"{pm(b, fmt)} (steps {last - width + 1}–{last})", pm(d, fmt, signed=True)])
+            rows.append([arm, f"`{key}`", str(len(per)), f"{pm(a)} (steps 1–{first})",
+                         f"{pm(b)} (steps {last - width + 1}–{last})", pm(d, signed=True)])
     return rows
 
 
-def pm(ms: tuple, fmt, signed: bool = False) -> str:
+def pm(ms: tuple, signed: bool = False) -> str:
+    """'mean ± SE' to 3 decimals (the mean with its sign when `signed`); '–' without a mean."""
     mean, se = ms
     if mean is None:
         return "–"
-    return (f"{mean:+.3f}" if signed else fmt(mean)) + (f" ± {se:.3f}" if se is not None else "")
+    return f"{mean:{'+' if signed else ''}.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
 
 def draw_traces(axes, arms: Sequence[str], by_arm: dict[str, list[dict]], keys: Sequence[str], steps: int,

@@ -20,7 +20,7 @@ def test_trace_rows_pair_the_first_and_last_window_by_seed():
     # last: 0.6 ± 0; change +0.3 ± sd(0.4,0.2)/√2 = 0.1
     recs = [{"status": "ok", "traces": {"k": {1: 0.2, 2: 0.6}}}, {"status": "ok", "traces": {"k": {1: 0.4, 2: 0.6}}},
             {"status": "failed"}]
-    rows = trace_rows(["arm"], {"arm": recs}, ["k", "absent"], steps=2, width=1, fmt=lambda v: f"{v:.3f}")
+    rows = trace_rows(["arm"], {"arm": recs}, ["k", "absent"], steps=2, width=1)
     assert rows == [["arm", "`k`", "2", "0.300 ± 0.100 (steps 1–1)", "0.600 ± 0.000 (steps 2–2)", "+0.300 ± 0.100"]]
     assert mean_se([1.0, None]) == (1.0, None) and mean_se([]) == (None, None)
 
