@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["algos", "actors", "buffer", "learner", "weightsync", "configs", "launch", "tasks"]
+PACKAGES = ["algos", "actors", "buffer", "learner", "weightsync", "configs", "launch", "tasks", "envs"]
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
