@@ -29,7 +29,7 @@ import traceback
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWIPC = 0x00020000, 0x40000000, 0x20000000, 0x08000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -247,6 +247,44 @@ def namespace_init(cfg: dict, code: str, status_fd: int) -> None:
     os._exit(0)
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below `root`, from the parent ids in /proc/PID/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_descendants() -> None:
+    """Plain mode: as the child subreaper, whatever the program left (a double fork, a new session) is still
+    below this process; kill it all, again until nothing is left, reaping as it goes."""
+    for _ in range(1000):
+        left = descendants(os.getpid())
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+
+
 def _guarded(body, cfg: dict, code: str, status_fd: int) -> None:
     """Run a forked child's body; a failure before the program starts is reported, never run around."""
     try:
@@ -271,8 +309,10 @@ def main() -> None:
         if namespaces:
             _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
             build_private_root(cfg["scratch_mb"], cfg["uid"], cfg["site_dirs"])
+        else:  # orphans of the program are re-parented here, not to the host's init
+            _check(libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0), "prctl(CHILD_SUBREAPER)")
     except OSError as e:
-        _report(status_fd, setup_error=f"namespaces: {e}")
+        _report(status_fd, setup_error=f"{cfg['mode']} mode: {e}")
         sys.exit(SETUP_EXIT)
     child = os.fork()
     if child == 0:
@@ -298,10 +338,7 @@ def main() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
     if not namespaces:
         _report(status_fd, user_status=status)
-        try:
-            os.killpg(child, signal.SIGKILL)  # whatever the program left running in its group
-        except OSError:
-            pass
+        kill_descendants()
     _report(status_fd, wall_exceeded=signal.SIGALRM in stopped, stopped=bool(stopped), outer_status=status)
 
 
