@@ -42,13 +42,14 @@ about 60 ms of wall time for `print(1)`, most of it the interpreter's start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import selectors
 import shutil
-import site
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -220,10 +221,8 @@ def _collect(proc: subprocess.Popen, status_r: int, lim: SandboxLimits, start: f
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -231,10 +230,8 @@ def _end(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 

@@ -15,6 +15,7 @@ applied aborts the call (status "setup_error") instead of running the program wi
 Reports go to the caller as JSON lines on the status pipe (fd given in the config), never on stdout.
 """
 
+import contextlib
 import ctypes
 import json
 import linecache
@@ -197,10 +198,8 @@ def run_program(code: str, site_dirs: list[str]) -> None:
         if t is not threading.main_thread() and not t.daemon:
             t.join()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     os._exit(status & 0xFF)
 
 
@@ -274,10 +273,8 @@ def kill_descendants() -> None:
         if not left:
             return
         for pid in left:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -318,18 +315,15 @@ def main() -> None:
     if child == 0:
         _guarded(namespace_init if namespaces else user_process, cfg, code, status_fd)
     if not namespaces:
-        try:
-            os.setpgid(child, child)  # also done by the child; whichever runs first wins the race
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # also done by the child; whichever runs first wins the race
+            os.setpgid(child, child)
     stopped = []
 
     def stop(signum, _frame):
         stopped.append(signum)
-        try:  # the namespace's init takes its namespace with it; in plain mode the program's process group
+        # the namespace's init takes its namespace with it; in plain mode, the program's process group
+        with contextlib.suppress(OSError):
             os.kill(child, signal.SIGKILL) if namespaces else os.killpg(child, signal.SIGKILL)
-        except OSError:
-            pass
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGALRM, stop)
