@@ -108,15 +108,16 @@ class SandboxSetupError(RuntimeError):
 
 class Sandbox:
     """Runs Python programs under `limits` in "namespaces" or "plain" mode ("auto": namespaces when root and
-    they work, else plain). The mode is decided once, by a probe call, and never changes silently after."""
+    they work, else plain). The mode is decided once, by a probe call, and never changes silently after.
+    use_landlock=False leaves Landlock out even where the kernel has it (how the tests check the fallback
+    of a kernel without it)."""
 
-    def __init__(self, limits: SandboxLimits | None = None, mode: str = "auto"):
+    def __init__(self, limits: SandboxLimits | None = None, mode: str = "auto", use_landlock: bool = True):
         if mode not in ("auto", "namespaces", "plain"):
             raise ValueError(f"Sandbox(mode={mode!r}): choose 'auto', 'namespaces' or 'plain'")
         self.limits = limits or SandboxLimits()
-        self._asked = mode
         self._mode: str | None = None if mode == "auto" else mode
-        self._landlock: int | None = None  # the Landlock ABI, 0 when absent; probed once
+        self._landlock: int | None = None if use_landlock else 0  # the Landlock ABI, 0 when absent; probed once
 
     @property
     def mode(self) -> str:

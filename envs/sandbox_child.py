@@ -208,11 +208,13 @@ def user_process(cfg: dict, code: str, status_fd: int) -> None:
     os.close(status_fd)
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1",
                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+           "prctl(NO_NEW_PRIVS)")  # no set-uid binary or file capability can give privileges back
     if cfg["mode"] == "namespaces":
         scratch, uid = SCRATCH_IN_ROOT, cfg["uid"]
         set_rlimits(cfg, cfg["max_processes"])
         if cfg["landlock"]:
-            apply_landlock(["/"], [scratch], ["/dev/null", "/dev/zero"])
+            apply_landlock(["/"], [scratch, "/dev/shm"], ["/dev/null", "/dev/zero"])  # both in the private tmpfs
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
