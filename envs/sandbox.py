@@ -1,44 +1,51 @@
-"""The sandbox that runs policy-written Python: the code is treated as hostile.
+"""The sandbox that runs policy-written Python (the `python` tool): the code is treated as hostile.
 
 Each call runs in a fresh interpreter (`sys.executable -I -S envs/sandbox_child.py`), started without a shell,
-with an environment of its own (nothing of the caller's — no tokens — is passed), stdin from /dev/null and
+with an environment of its own (nothing of the caller's, no token, is passed), stdin from /dev/null, and
 stdout+stderr merged into one pipe the caller reads. Every limit is in place before the program's first line.
+The call ends when the program's main process ends; whatever it left running is killed then.
 
-What is enforced, and by which mechanism ("namespaces" mode: running as root where unshare works — the case
-on our machines and in CI; `describe_protections()` prints what is actually active):
-- CPU time: RLIMIT_CPU = `cpu_s` (SIGXCPU, then SIGKILL one second later), per process.
-- Wall time: after `wall_s` the call's pid-namespace init is killed and the kernel kills every process in the
-  namespace (forks included; none can leave a pid namespace). The caller also kills the whole process group
-  `wall_s + 5 s` after the start if the sandbox's own supervisor did not return.
-- Memory: RLIMIT_AS = `memory_mb` of address space per process (a 100 GB allocation fails with MemoryError).
-  Not a cap on the sum over processes: that is at most `max_processes × memory_mb`.
-- Processes: RLIMIT_NPROC = `max_processes` (threads count too), effective because the program runs as a
-  uid of its own (one per call, from 2_100_000_000 up, no capabilities, no supplementary groups).
-- Output: at most `output_bytes` of stdout+stderr are kept; past that the program is stopped and the result
-  says it was truncated.
-- Network: a new network namespace without interfaces (loopback down): no TCP/UDP/unix-abstract connection
-  reaches the host, the buffer's port included; Landlock (ABI >= 4) also refuses TCP bind/connect.
-- Files: a private mount namespace whose root is a fresh tmpfs (size `scratch_mb`) holding read-only binds of
+What is enforced, and by which mechanism, in "namespaces" mode (root where unshare works: our machines and
+CI). `describe_protections()` prints the line of what is actually active, probed by a real call:
+- CPU time: RLIMIT_CPU = `cpu_s` per process (SIGXCPU, then SIGKILL one second later).
+- Wall time: after `wall_s` the call's pid-namespace init is killed, and with it, by the kernel, every
+  process of the namespace (forks included: no process can leave a pid namespace). The caller kills the
+  sandbox's own process group `wall_s + 5 s` after the start should its supervisor not have returned.
+- Memory: RLIMIT_AS = `memory_mb` of address space per process (a 100 GB allocation fails at once with
+  MemoryError). The sum over the call's processes is bounded only by `max_processes × memory_mb`.
+- Processes: RLIMIT_NPROC = `max_processes` (threads count too). It holds because the program runs as a uid
+  of its own, one per call (drawn from 2_100_000_000 + [0, 1e6)), with no capabilities, no supplementary
+  groups and NO_NEW_PRIVS (no set-uid binary can give privileges back; the binds are nosuid as well).
+- Output: at most `output_bytes` of stdout+stderr are kept; past that the program is stopped and the
+  result says the output was truncated.
+- Network: a new network namespace with no interface up: no TCP/UDP connection and no abstract unix socket
+  reaches the host (the buffer's port included); Landlock (ABI >= 4) refuses TCP bind/connect as well.
+- Files: a private mount namespace whose root is a fresh tmpfs (`scratch_mb`) holding read-only binds of
   /usr, /lib*, /bin, /sbin, /etc and the interpreter's own folders (prefix, standard library, site-packages),
-  /dev/{null,zero,random,urandom}, a /proc of the call's pid namespace, and the scratch folder /tmp (cwd,
-  HOME, TMPDIR) owned by the call's uid. The run folder, /root, /work, the host's /tmp and every other path do
-  not exist there; the tmpfs — the scratch folder with it — vanishes when the call ends. RLIMIT_FSIZE caps one
-  file at `scratch_mb`. Landlock (when the kernel has it) adds: reads only under "/", writes only in /tmp.
-- IPC: a new IPC namespace (no System V shared memory or queues of the host).
-Not enforced: total memory of all the call's processes beyond the product above (no cgroup); CPU time of the
-whole call beyond `max_processes × cpu_s` (the wall limit bounds it); the program may read the interpreter's
-packages (site-packages is bound read-only so that it can import numpy or sympy).
+  /dev/{null,zero,random,urandom}, a /proc of the call's pid namespace, and /tmp, the scratch folder (cwd,
+  HOME, TMPDIR), owned by the call's uid. The run folder (its key files included), the project, /root, the
+  host's /tmp and every other path do not exist there; the tmpfs, and the scratch folder with it, vanishes
+  when the call ends. RLIMIT_FSIZE caps one file at `scratch_mb`. Landlock (when the kernel has it) adds:
+  reads only under the new "/", writes only in /tmp and /dev/shm (both in the tmpfs); signals and abstract
+  sockets stay inside the call (ABI >= 6).
+- IPC: a new IPC namespace (no System V shared memory or message queue of the host).
+Not enforced: a cap on the memory or CPU time summed over the call's processes (no cgroup; the products
+above and the wall limit bound them); a seccomp filter (the kernel's system calls are reachable, though the
+kernel refuses a new user namespace inside a chroot, checked by a test); the program can read the interpreter's
+installed packages (bound read-only so that it can import numpy or sympy; .pth files are not run).
 
-"plain" mode (not root, or namespaces refused): a fresh process in its own process group with RLIMIT_CPU, AS,
-FSIZE, and RLIMIT_NPROC (= the processes the uid already runs + `max_processes`; ignored for root, then not
-claimed). Landlock, when available, restricts reads to the system and interpreter folders and writes to a
-scratch folder the caller creates and deletes, refuses TCP (ABI >= 4) and keeps signals and abstract sockets
-inside (ABI >= 6); without Landlock there is no file or network isolation and the description says so. Wall
-time kills the process group (a program that starts its own session escapes that kill).
+"plain" mode (not root, or namespaces refused): a fresh process with RLIMIT_CPU, AS and FSIZE, and
+RLIMIT_NPROC = the processes the uid already runs + `max_processes` (not for root, for whom the kernel
+ignores it: the description then says "NOT limited"). The supervisor is the program's child subreaper: a
+double fork or a new session stays below it, and at the end (or after `wall_s`) every descendant is killed.
+Landlock, when available, restricts reads to the system and interpreter folders and writes to a scratch
+folder the caller creates and deletes, refuses TCP (ABI >= 4), keeps signals and abstract sockets inside
+(ABI >= 6) and forbids ptrace of the caller; without Landlock there is no file or network isolation, and the
+description says so.
 
 Overhead: about 35 ms of wall time per call for `print(1)` in either mode, against 9 ms for a bare
 `python -I -S` start (bench/sandbox_overhead.py, medians of 30 calls on a loaded 2-core machine): the
-interpreter's start, two forks, the namespaces and mounts, and the teardown.
+interpreter's start, two forks, the namespaces and mounts, the teardown.
 """
 
 from __future__ import annotations
@@ -277,7 +284,7 @@ def describe(mode: str, landlock: int, lim: SandboxLimits) -> str:
                   f"files: private read-only root of system + Python folders, scratch tmpfs {lim.scratch_mb} MB "
                   "deleted after the call (mount namespace, chroot" + (f", Landlock ABI {landlock})" if landlock else ")")]
     else:
-        parts.append(f"wall {lim.wall_s:g} s (kills the process group)")
+        parts.append(f"wall {lim.wall_s:g} s (kills the program's process tree: child subreaper)")
         parts.append(f"{lim.max_processes} processes (RLIMIT_NPROC)" if os.geteuid() != 0
                      else "process count NOT limited (root without namespaces)")
         if landlock:

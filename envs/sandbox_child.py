@@ -9,7 +9,8 @@ from the project: this file runs as a script in a fresh interpreter. Three proce
             |                                            when it exits the kernel kills every process left
             +-- user process -- rlimits, Landlock, drops to the call's uid, then runs the program
 
-In "plain" mode (no namespaces) the outer process forks the user process directly, in its own process group.
+In "plain" mode (no namespaces) the outer process, a child subreaper, forks the user process directly (in its
+own process group) and at the end kills every process still below it.
 Every limit is applied before the first line of the program runs; a layer that was asked for and cannot be
 applied aborts the call (status "setup_error") instead of running the program with less protection.
 Reports go to the caller as key=value lines on the status pipe (fd given in the config), never on stdout.
@@ -335,7 +336,8 @@ def main() -> None:
 
     def stop(signum, _frame):
         stopped.append(signum)
-        # the namespace's init takes its namespace with it; in plain mode, the program's process group
+        # the namespace's init takes its namespace with it; in plain mode the program's process group (the
+        # rest of its tree is killed after the wait)
         with contextlib.suppress(OSError):
             os.kill(child, signal.SIGKILL) if namespaces else os.killpg(child, signal.SIGKILL)
 

@@ -192,3 +192,7 @@ def test_namespaces_mode_hides_the_host(box):
     own_uid, this_file, bashrc, caller, pids = r.output.split(" ", 4)
     assert (own_uid, this_file, bashrc, caller) == ("True", "False", "False", "False"), r.output
     assert pids.strip() == "['1', '2']"  # the namespace's init and the program: no host process is visible
+    # no way back to privileges: a new user namespace is refused inside the chroot (EPERM)
+    r = box.run("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                "print(libc.unshare(0x10000000), ctypes.get_errno())")  # CLONE_NEWUSER
+    assert r.output == "-1 1\n", r.output
