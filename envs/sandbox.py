@@ -125,6 +125,8 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self._mode: str | None = None if mode == "auto" else mode
         self._landlock: int | None = None if use_landlock else 0  # the Landlock ABI, 0 when absent; probed once
+        self._refused = ""  # why "auto" did not get namespaces, for the description
+        self._verified = False  # a call has run in this mode: the description is of something that works
 
     @property
     def mode(self) -> str:
@@ -134,8 +136,8 @@ class Sandbox:
                 try:
                     self._mode = "namespaces"
                     self.run("pass")
-                except SandboxSetupError:
-                    self._mode = "plain"
+                except SandboxSetupError as e:
+                    self._mode, self._refused = "plain", str(e)
         return self._mode
 
     @property
@@ -188,14 +190,19 @@ class Sandbox:
         if "setup_error" in status:
             raise SandboxSetupError(f"sandbox ({cfg['mode']} mode) could not start: {status['setup_error']}")
         text = output[: lim.output_bytes].decode("utf-8", errors="replace")
+        self._verified = True
         exit_status, limit, error = _verdict(status, lim, truncated, backstop)
         if truncated:
             text += f"\n[output truncated at {lim.output_bytes} bytes]"
         return SandboxResult(text, exit_status, limit, error, elapsed)
 
     def describe(self) -> str:
-        """One line: which protections are active (probed, not assumed), to print at a run's start."""
-        return describe(self.mode, self.landlock_abi, self.limits)
+        """One line: which protections are active (probed by a real call, not assumed), to print at a run's
+        start. Raises SandboxSetupError when the mode asked for cannot run at all."""
+        if not self._verified:
+            self.run("pass")
+        line = describe(self.mode, self.landlock_abi, self.limits)
+        return f"{line}; namespaces refused: {self._refused}" if self._refused else line
 
 
 def _collect(proc: subprocess.Popen, status_r: int, lim: SandboxLimits, start: float):
