@@ -51,6 +51,7 @@ interpreter's start, two forks, the namespaces and mounts, the teardown.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import selectors
@@ -105,7 +106,7 @@ class SandboxResult:
         """What the model sees: the output, then the error line when there is one."""
         text = self.output
         if self.error:
-            text = f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}{self.error}"
+            text += ("" if not text or text.endswith("\n") else "\n") + self.error
         return text or "(no output)"
 
 
@@ -169,10 +170,14 @@ class Sandbox:
         status_r, status_w = os.pipe()
         cfg["status_fd"] = status_w
         start = time.monotonic()
+        command = [sys.executable, "-I", "-S", str(CHILD), *(f"{k}={v}" for k, v in cfg.items())]
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), *(f"{k}={v}" for k, v in cfg.items())], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(status_w,),
-                                    start_new_session=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    pass_fds=(status_w,), start_new_session=True,
+                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        except BaseException:
+            os.close(status_r)
+            raise
         finally:
             os.close(status_w)
         try:
@@ -254,7 +259,7 @@ def _end(proc: subprocess.Popen) -> None:
 def _verdict(status: dict, lim: SandboxLimits, truncated: bool, backstop: bool):
     """(exit status, limit hit, error line) from the supervisor's report."""
     raw = status.get("user_status")
-    code = None if raw is None else (os.waitstatus_to_exitcode(raw))
+    code = None if raw is None else os.waitstatus_to_exitcode(raw)
     if truncated:
         return code, "output", f"error: output limit {lim.output_bytes} bytes exceeded; the program was stopped"
     if status.get("wall_exceeded") or backstop:
@@ -266,7 +271,8 @@ def _verdict(status: dict, lim: SandboxLimits, truncated: bool, backstop: bool):
     if code is None:
         return None, None, "error: the sandbox ended without reporting the program's status"
     if code < 0:
-        return code, None, f"error: the program was killed by signal {signal.Signals(-code).name}"
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"{-code}"
+        return code, None, f"error: the program was killed by signal {name}"
     if code != 0:
         return code, None, f"exit status {code}" if code != 1 else None
     return 0, None, None
@@ -274,14 +280,13 @@ def _verdict(status: dict, lim: SandboxLimits, truncated: bool, backstop: bool):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version (0: none), asked of the kernel through syscall 444."""
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
     abi = libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     return max(int(abi), 0)
 
 
 def describe(mode: str, landlock: int, lim: SandboxLimits) -> str:
+    """The line of protections a sandbox in `mode` with Landlock ABI `landlock` (0: none) enforces."""
     parts = [f"sandbox ({mode} mode): fresh process per call", f"CPU {lim.cpu_s} s/process (RLIMIT_CPU)",
              f"memory {lim.memory_mb} MB/process (RLIMIT_AS)", f"output {lim.output_bytes} bytes"]
     if mode == "namespaces":
