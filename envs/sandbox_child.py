@@ -326,8 +326,11 @@ def main() -> None:
     except OSError as e:
         _report(status_fd, "setup_error", f"{cfg['mode']} mode: {e}")
         sys.exit(SETUP_EXIT)
+    # a SIGTERM from the caller (output over its cap) that comes before the handler exists waits, blocked
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         _guarded(namespace_init if namespaces else user_process, cfg, code, status_fd)
     if not namespaces:
         with contextlib.suppress(OSError):  # also done by the child; whichever runs first wins the race
@@ -343,6 +346,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGALRM, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     signal.setitimer(signal.ITIMER_REAL, cfg["wall_s"])
     _, status = os.waitpid(child, 0)
     signal.setitimer(signal.ITIMER_REAL, 0)
