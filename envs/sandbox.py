@@ -43,9 +43,9 @@ folder the caller creates and deletes, refuses TCP (ABI >= 4), keeps signals and
 (ABI >= 6) and forbids ptrace of the caller; without Landlock there is no file or network isolation, and the
 description says so.
 
-Overhead: about 35 ms of wall time per call for `print(1)` in either mode, against 9 ms for a bare
-`python -I -S` start (bench/sandbox_overhead.py, medians of 30 calls on a loaded 2-core machine): the
-interpreter's start, two forks, the namespaces and mounts, the teardown.
+Overhead per call, `print(1)`, either mode (bench/sandbox_overhead.py, medians of 30 calls, 2 cores): 35 ms
+against 9 ms for a bare `python -I -S` start when the machine is quiet, 77 ms against 16 ms at load 4; about
+4-5 bare starts: the interpreter, two forks, the namespaces and mounts, the teardown.
 """
 
 from __future__ import annotations
