@@ -2,7 +2,10 @@
 
 import inspect
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +81,10 @@ def test_observation_joins_output_and_error():
 def test_an_oversized_program_is_refused_without_starting():
     r = Sandbox().run("#" * (2 << 20))
     assert r.error.startswith("error: the program is longer than") and r.wall_s == 0.0
+
+
+def test_the_tools_import_neither_torch_nor_vllm():
+    code = "import sys, envs.builtin_tools; print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.stdout == "[]\n", out.stderr
