@@ -1,15 +1,15 @@
-"""bench/evidence.py's arithmetic on hand-made metrics rows (the runs themselves are real algo-train runs)."""
+"""bench/evidence/evidence.py's arithmetic on hand-made metrics rows (the runs themselves are real algo-train runs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.evidence import STUDIES, analyse, paired, summarise
+from bench.evidence.evidence import STUDIES, analyse, paired, summarise
 
 
 def _rows(accs: dict[int, float]) -> list[dict]:
     """4 training steps of 64 rows; wall clock 1, 2, 3.5, 4.5 s with a 0.5 s evaluation after step 2 (it lies
-    in step 3's interval, bench/runs.py), evaluations at the steps of `accs` (step 0 = before RL)."""
+    in step 3's interval, bench/common/runs.py), evaluations at the steps of `accs` (step 0 = before RL)."""
     rows = [{"step": 0, "eval/accuracy": accs[0], "eval/n": 200}]
     for k, wall in zip((1, 2, 3, 4), (1.0, 2.0, 3.5, 4.5)):
         r = {"step": k, "time/train_s": 0.1, "batch/rows": 64, "time/wall_s": wall, "is/ess": 0.9 + k / 100}

@@ -1,12 +1,11 @@
-"""The arithmetic of the end-to-end benchmarks (bench/runs.py, bench/staleness.py, bench/learning.py) on
+"""The arithmetic of the end-to-end benchmarks (bench/common/runs.py, bench/e2e/staleness.py, bench/e2e/learning.py) on
 synthetic metrics rows and golden numbers worked out by hand in the comments."""
 
 import json
 
 import pytest
 
-from bench import learning, staleness
-from bench.runs import (
+from bench.common.runs import (
     check_extras,
     ideal_bound,
     ideal_bound_sync_serial,
@@ -17,6 +16,7 @@ from bench.runs import (
     steps_for_samples,
     training_clock,
 )
+from bench.e2e import learning, staleness
 from configs.loading import resolve
 
 
