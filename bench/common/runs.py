@@ -462,39 +462,6 @@ def steps_for_samples(samples: int, samples_per_step: int) -> int:
     return max(1, math.ceil(samples / samples_per_step))
 
 
-def paired_accuracy_delta(pairs: Sequence[tuple[float, float, int, int]]) -> dict:
-    """Mean accuracy difference of a setting against its baseline, paired by seed (same seed = same
-    starting model and prompt order), and the noise it must be judged against.
-
-    pairs: (acc, acc_baseline, eval_n, eval_n_baseline) per seed. Noise σ is the larger of
-      - the seeds' standard error of the mean paired difference, sd(d)/√m (needs m ≥ 2 seeds), and
-      - the evaluation's own binomial standard error of that mean, √(mean(a(1−a)/n + b(1−b)/n_b) / m).
-    `no_worse` is Δ ≥ −2σ."""
-    if not pairs:
-        raise ValueError("paired_accuracy_delta: no pairs")
-    d = [a - b for a, b, _, _ in pairs]
-    m = len(d)
-    se_eval = math.sqrt(statistics.fmean(a * (1 - a) / na + b * (1 - b) / nb for a, b, na, nb in pairs) / m)
-    se_seeds = statistics.stdev(d) / math.sqrt(m) if m >= 2 else None
-    sigma = max(se_eval, se_seeds or 0.0)
-    delta = statistics.fmean(d)
-    return {"delta": delta, "sigma": sigma, "sigma_seeds": se_seeds, "sigma_eval": se_eval, "seeds": m,
-            "no_worse": delta >= -2 * sigma}
-
-
-def mean_sd(values: Sequence[float]) -> tuple[float | None, float | None]:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) >= 2 else None)
-
-
-def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    """(mean, standard error of the mean) of the values that are not None; SE None below two values."""
-    mean, sd = mean_sd(values)
-    return mean, (sd / math.sqrt(sum(v is not None for v in values)) if sd is not None else None)
-
-
 # ---------------------------------------------------------------------------------------------- output
 def fmt(value, spec: str = ".3f", missing: str = "–") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

@@ -101,14 +101,13 @@ from bench.common.runs import (  # noqa: E402
     markdown_table,
     max_over,
     mean_over,
-    mean_sd,
-    paired_accuracy_delta,
     ratio,
     rounded,
     run_and_analyse,
     steady_state,
     training_rows,
 )
+from bench.common.stats import mean_sd, paired_accuracy_delta  # noqa: E402
 
 PROFILES: dict[str, list[str]] = {
     "quickstart": [],

@@ -1,6 +1,7 @@
 """Evidence studies: does each algorithm do what its paper says it is for, over seeds, on tasks built to show it?
 
-Every run is a real `algo-train` (2 vLLM actors, the buffer process, the learner; bench/common/runs.py), its own
+Every run is a real `algo-train` (rollout.num_actors vLLM actors: 1 in every shipped config; the buffer process, the
+learner; bench/common/runs.py), its own
 configs/<algo>.yaml plus the study's and the arm's overrides, the seed, the study's step count and
 evaluation period. A study runs every arm for every seed (seeds outermost: after seed 0 every arm has a
 result) into `--out-dir/<study>/<arm>-s<seed>`; a run folder that already holds a finished run is reused,
@@ -42,7 +43,10 @@ over the start; samples (and seconds) until the first evaluation at or above the
 `threshold` (a seed that never gets there counts as "not reached" and the arm's mean is over the seeds
 that did, with the count shown). Against the study's baseline arm: the paired difference of final
 accuracy, seed by seed (same seed = same starting model and prompt order), with σ = max(seed SE,
-evaluation binomial SE) (bench.common.runs.paired_accuracy_delta): |Δ| ≤ 2σ is "inside the noise".
+evaluation binomial SE), and its t = Δ/σ with seeds − 1 degrees of freedom and two-sided p-value
+(bench.common.stats.paired_accuracy_delta). The table gives the numbers; the verdict words (reproduced,
+direction only, not reproduced, inconclusive) need what a table cannot know, whether the test was the paper's
+(bench.common.stats.verdict), and are written in bench/RESULTS.md.
 
 Output: one JSON line per run on stdout, `bench/evidence_<study>.md` (table) and
 `bench/evidence_<study>.png` (mean accuracy ± SE over seeds vs samples, one line per arm; one panel more per
@@ -74,14 +78,13 @@ from bench.common.runs import (  # noqa: E402
     machine,
     markdown_table,
     mean_over,
-    mean_se,
-    paired_accuracy_delta,
     rounded,
     run_and_analyse,
     sample_curve,
     training_clock,
     training_rows,
 )
+from bench.common.stats import mean_se, paired_accuracy_delta  # noqa: E402
 from bench.evidence.evidence_studies import (  # noqa: E402
     COST_FROM,
     STUDIES,
@@ -164,7 +167,8 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         s = summarise(recs)
         d = paired(study, by_arm, arm.name)
         verdict = "baseline" if arm.name == study.baseline else "–" if d is None else (
-            f"{d['delta']:+.3f} ± {d['sigma']:.3f} ({'inside the noise' if abs(d['delta']) <= 2 * d['sigma'] else 'beyond 2σ'})")
+            f"{d['delta']:+.3f} ± {d['sigma']:.3f}" + (f" (t = {d['t']:.2f}, df = {d['df']}, p = {d['p']:.2f})"
+                                                        if d["p"] is not None else " (one seed: no test)"))
         extra = [pm(s["staleness"], ".2f") + f" / {fmt(s['staleness_max'], '.0f')}", pm(s["ess"], ".4f"),
                  pm(s["mismatch_kl"], ".4f"), pm(s["clipfrac"], ".3f")] if study.name == "staleness" else []
         rows.append([arm.name, f"{s['seeds']}/{len(seeds)}", pm(s["accuracy_before"]), pm(s["accuracy_end"]),

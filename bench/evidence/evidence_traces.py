@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common.runs import mean_se  # noqa: E402
+from bench.common.stats import mean_se  # noqa: E402
 
 
 def windows(trace: dict[int, float], steps: int, width: int) -> dict[int, float]:

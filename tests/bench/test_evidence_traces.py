@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.common.runs import mean_se
+from bench.common.stats import mean_se
 from bench.evidence.evidence import samples_to
 from bench.evidence.evidence_studies import STUDIES, config_file, run_overrides
 from bench.evidence.evidence_traces import trace_rows, windows
