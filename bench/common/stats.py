@@ -4,9 +4,11 @@
   baseline, paired by seed, with its t statistic, degrees of freedom and two-sided p-value).
 - Student's t: `t_two_sided_p` (exact, through the regularized incomplete beta function `betainc`),
   `t_quantile` (its inverse, by bisection; df = inf is the normal), `t_test` (a mean ± SE over n seeds).
-- Per-prompt tests of two final models on the same held-out prompts (`algo-train eval --json` writes
-  `per_prompt`: {prompt_index, correct of n samples}; `per_prompt_scores` reads it): `mcnemar_exact` on the
-  prompts only one model answers (one sample a prompt), `paired_bootstrap` on per-prompt scores (any n).
+- Per-prompt tests of two final models on the same held-out prompts: a run's own evaluations
+  (RUN_DIR/eval_prompts.jsonl, greedy: `final_prompt_rewards`) or `algo-train eval --json OUT` (`per_prompt`:
+  {prompt_index, correct of n samples}; `per_prompt_scores`); `mcnemar_exact` on the prompts only one model
+  answers (one sample a prompt), `paired_bootstrap` on per-prompt scores (any n). Pooled over seeds, the
+  bootstrap takes each prompt's mean over the seeds' models (it then sees prompt noise, not seed noise).
 - Power: `detectable_effect`, the smallest true effect a two-sided test at level alpha detects with
   probability `power`, (t_{1−α/2, df} + t_{power, df}) × SE (the usual normal-shift approximation).
 - `verdict`: the four words of a study's result, used strictly (`Verdict`).
@@ -148,6 +150,17 @@ def paired_accuracy_delta(pairs: Sequence[tuple[float, float, int, int]]) -> dic
 
 
 # ---------------------------------------------------------------------------------------------- per prompt
+def final_prompt_rewards(run_dir: str | Path) -> dict[int, float]:
+    """{prompt_index: reward} of a run's last evaluation (its final model), from RUN_DIR/eval_prompts.jsonl."""
+    from launch.loop.metrics import read_eval_prompts
+
+    if not (Path(run_dir) / "eval_prompts.jsonl").is_file():
+        raise ValueError(f"{run_dir}: no eval_prompts.jsonl (runs before issue 43 saved accuracies only; evaluate "
+                         "their hf/step_N with `algo-train eval --json OUT` and read it with per_prompt_scores)")
+    per_step = read_eval_prompts(run_dir)
+    return per_step[max(per_step)]
+
+
 def per_prompt_scores(eval_json: str | Path) -> dict[int, float]:
     """{prompt_index: share of its samples correct} from `algo-train eval --json OUT`'s `per_prompt`."""
     out = json.loads(Path(eval_json).read_text())

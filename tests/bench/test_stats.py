@@ -9,6 +9,7 @@ import pytest
 from bench.common.stats import (
     betainc,
     detectable_effect,
+    final_prompt_rewards,
     mcnemar_exact,
     paired_accuracy_delta,
     paired_bootstrap,
@@ -113,6 +114,12 @@ def test_per_prompt_scores_from_algo_train_eval_json(tmp_path):
     assert paired_scores(per_prompt_scores(a), per_prompt_scores(b)) == ([1.0, 0.75], [0.5, 0.0])
     with pytest.raises(ValueError, match="same --data"):
         paired_scores({0: 1.0}, {1: 1.0})
+    # a run's own evaluations: the last step's line is its final model
+    (tmp_path / "eval_prompts.jsonl").write_text('{"step": 0, "prompt_index": [0, 1], "reward": [0.0, 0.0]}\n'
+                                                 '{"step": 40, "prompt_index": [0, 1], "reward": [1.0, 0.0]}\n')
+    assert final_prompt_rewards(tmp_path) == {0: 1.0, 1: 0.0}
+    with pytest.raises(ValueError, match="algo-train eval"):
+        final_prompt_rewards(tmp_path / "nowhere")
     (tmp_path / "old.json").write_text(json.dumps({"n": 1}))
     with pytest.raises(ValueError, match="per_prompt"):
         per_prompt_scores(tmp_path / "old.json")
