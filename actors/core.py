@@ -177,7 +177,7 @@ class AsyncActor(WeightUpdates):
             raise RuntimeError(f"{self.name}: call start() before run()")
         self._stop.clear()
         self._t_start = self._t_start or time.monotonic()
-        if self.load is None:  # a subclass's start() that brings no engine (bench/scale.py's timer actors)
+        if self.load is None:  # a subclass's start() that brings no engine (bench/perf/scale.py's timer actors)
             self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)
         width = self.load.prompts
         backoff = Backoff(0.05, 1.0)

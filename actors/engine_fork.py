@@ -7,7 +7,7 @@ actor has just done: ``from vllm.v1.engine.core import EngineCoreProc`` alone is
 this project's 2-core test machine. A forked engine core inherits the actor's imports. Measured on the
 quick-start (2 actors, a 2-core machine): each engine-core process's CPU to the first training step
 22 -> 12 CPU-s; the engines up after the command, forked / spawned, median 0.81 over five alternated
-pairs (0.74-0.95, e.g. 39.3 vs 51.5 s; bench/startup.py, bench/RESULTS.md "Start-up").
+pairs (0.74-0.95, e.g. 39.3 vs 51.5 s; bench/e2e/startup.py, bench/RESULTS.md "Start-up").
 
 Why a fork is sound here:
   - vLLM forks its engine core itself outside Ray (``VLLM_WORKER_MULTIPROC_METHOD`` defaults to

@@ -243,7 +243,8 @@ class GroupSampler:
 
     async def evaluate(self, items: Sequence[PromptItem], temperature: float | None = None,
                        max_tokens: int | None = None) -> dict:
-        """Accuracy of one response per prompt at the eval temperature (0 = greedy)."""
+        """Accuracy of one response per prompt at the eval temperature (0 = greedy), and each prompt's reward
+        (`per_prompt`: [prompt_index, reward] in the order of `items`)."""
         temp = self.s.eval_temperature if temperature is None else temperature
         params = self._params(1, max_tokens or self.s.max_tokens, temp, 0 if temp > 0 else None)
         salt = self._salt()
@@ -254,7 +255,8 @@ class GroupSampler:
 
         rewards = await asyncio.gather(*(one(i) for i in items))
         n = len(rewards)
-        return {"accuracy": sum(rewards) / n if n else float("nan"), "n": n}
+        return {"accuracy": sum(rewards) / n if n else float("nan"), "n": n,
+                "per_prompt": [[item.prompt_index, r] for item, r in zip(items, rewards)]}
 
     def deadline_stats(self) -> dict:
         """Counts of the deadlines: samples aborted and regenerated (0 without deadlines)."""

@@ -54,7 +54,7 @@ class WeightUpdates:
     def serves_a_version(self) -> bool:
         """False from a failed or aborted push until the next complete one (the engine is labelled
         `weightsync.receiver.NO_VERSION`): the actor starts no prompt meanwhile."""
-        return getattr(self.receiver, "version", 0) is not None  # (stand-ins without one: bench/scale.py)
+        return getattr(self.receiver, "version", 0) is not None  # (stand-ins without one: bench/perf/scale.py)
 
     def _loaded(self, version: int) -> None:
         """Called by the receiver once the engine serves `version` (generation already resumed)."""

@@ -11,7 +11,7 @@ Why:
   its config, sharded, materialised (each rank allocates only its shards), and each rank reads only
   its own rows of every tensor from the safetensors files (`load_local_weights`, one tensor open at a
   time). Non-persistent buffers (rotary `inv_freq`), absent from checkpoints, are recomputed by HF's
-  own initialiser (`init_buffers`); tied embeddings stay one parameter. bench/load_memory.py
+  own initialiser (`init_buffers`); tied embeddings stay one parameter. bench/perf/load_memory.py
   measures the peak host RAM per rank (bench/RESULTS.md).
 - Dropout is switched off (π_prox, recomputed without grad, must equal π_θ at the start of a step).
 - A world of one rank keeps the plain module by default (`shard=False`; bf16 via autocast): FSDP2

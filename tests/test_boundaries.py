@@ -3,8 +3,8 @@
 - `algos/` imports only torch, the standard library and itself.
 - `vllm` is imported only in `actors/` and `weightsync/` (tests and benchmarks may use it).
 - no pickle on the data paths (actors, buffer, learner, weightsync): the wire format is msgpack only.
-- inside `launch/`, `weightsync/` and `algos/`, imports between sub-packages go one way (`LAYERS`), and no
-  folder of the package holds more than 15 modules directly.
+- inside `launch/`, `weightsync/`, `algos/` and `bench/`, imports between sub-packages go one way (`LAYERS`), and
+  no folder of the package or of `bench/` holds more than 15 modules directly.
 """
 
 import ast
@@ -60,15 +60,21 @@ def test_checker_sees_violations(tmp_path):
 
 
 # The rooms of a package, top to bottom: a module may import its own room or one below it. "*" is the
-# modules directly in the package's folder; ALGORITHM stands for every algorithm's folder, which are peers
-# (none may import another). Each sub-package's `__init__` docstring says the same in words.
+# modules directly in the package's folder; a tuple is one layer of peer rooms (none may import another);
+# ALGORITHM stands for every algorithm's folder, which are peers too. Each sub-package's `__init__` docstring
+# says the same in words.
 ALGORITHM = "<an algorithm's folder>"
 LAYERS = {
     "launch": ["*", "doctor", "commands", "loop", "state", "processes", "prep", "planning"],
     "weightsync": ["nccl", "gloo", "*"],
     "algos": [ALGORITHM, "*"],
+    "bench": ["*", ("evidence", "chaos", "peers", "e2e", "gpu"), "perf", "common"],
 }
 MAX_MODULES = 15
+
+
+def rooms_named(layers: list) -> set[str]:
+    return {room for layer in layers for room in (layer if isinstance(layer, tuple) else (layer,))}
 
 
 def room_of(pkg_dir: Path, parts: list[str]) -> str:
@@ -82,7 +88,10 @@ def upward_imports(pkg: str, root: Path = ROOT, layers: list[str] | None = None)
     pkg_dir = root / pkg
 
     def rank(room: str) -> int:
-        return layers.index(room) if room in layers else layers.index(ALGORITHM)
+        for i, layer in enumerate(layers):
+            if room == layer or (isinstance(layer, tuple) and room in layer):
+                return i
+        return layers.index(ALGORITHM)
 
     bad = []
     for path in sorted(pkg_dir.rglob("*.py")):
@@ -116,14 +125,14 @@ def test_rooms_are_listed():
     # A new sub-package must take its place in LAYERS (and say in its __init__ what it owns).
     for pkg, layers in LAYERS.items():
         folders = {p.name for p in (ROOT / pkg).iterdir() if p.is_dir() and any(p.glob("*.py"))}
-        unlisted = folders - set(layers) if ALGORITHM not in layers else set()
+        unlisted = folders - rooms_named(layers) if ALGORITHM not in layers else set()
         assert not unlisted, f"{pkg}/: place {sorted(unlisted)} in tests/test_boundaries.py LAYERS"
         for folder in folders:
             doc = ast.get_docstring(ast.parse((ROOT / pkg / folder / "__init__.py").read_text()))
             assert doc, f"{pkg}/{folder}/__init__.py needs a docstring: what it owns and what it may import"
 
 
-@pytest.mark.parametrize("pkg", PACKAGES)
+@pytest.mark.parametrize("pkg", [*PACKAGES, "bench"])
 def test_no_folder_holds_more_than_15_modules(pkg):
     crowded = {str(d.relative_to(ROOT)): n for d in [ROOT / pkg, *(p for p in (ROOT / pkg).rglob("*") if p.is_dir())]
                if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > MAX_MODULES}
@@ -144,3 +153,13 @@ def test_order_checker_sees_an_upward_import(tmp_path):
     assert upward_imports("launch", tmp_path) == [
         "launch/planning/cluster.py:1 (planning) imports launch.loop.driver (loop)"]
     assert upward_imports("algos", tmp_path) == ["algos/grpo/maths.py:2 (grpo) imports algos.pure (pure)"]
+    # peer rooms of one layer (a tuple): a study importing another study, and the shared room importing a study,
+    # are caught; a study importing the shared room is not
+    for rel, code in {"bench/evidence/study.py": "from bench.common import runs\nfrom bench.chaos.monkey import M\n",
+                      "bench/chaos/monkey.py": "import bench.common.runs\n",
+                      "bench/common/runs.py": "from bench.evidence import study\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(code)
+    assert upward_imports("bench", tmp_path, ["*", ("evidence", "chaos"), "common"]) == [
+        "bench/common/runs.py:1 (common) imports bench.evidence (evidence)",
+        "bench/evidence/study.py:2 (evidence) imports bench.chaos.monkey (chaos)"]

@@ -26,19 +26,23 @@ def test_no_package_file_over_400_lines():
 
 
 def sibling_imports(path: Path, pkg: str) -> set[str]:
-    """Modules of the same folder that `path` imports anywhere: top level, inside a function, or under
-    `if TYPE_CHECKING:` (a type two modules need belongs in a third, not in one of them)."""
+    """Modules of the same folder `pkg` (dotted, at any depth: "launch.prep") that `path` imports anywhere: top
+    level, inside a function, or under `if TYPE_CHECKING:` (a type two modules need belongs in a third, not in
+    one of them)."""
+    def child(module: str) -> str:  # "launch.prep.testbed_prm.x" -> "testbed_prm"
+        return module[len(pkg) + 1:].split(".")[0]
+
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(pkg + ".")}
+            found |= {child(a.name) for a in node.names if a.name.startswith(pkg + ".")}
         elif isinstance(node, ast.ImportFrom):
             if node.level == 1:
                 found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
             elif node.module == pkg:
                 found |= {a.name for a in node.names}
             elif node.module and node.module.startswith(pkg + "."):
-                found.add(node.module.split(".")[1])
+                found.add(child(node.module))
     return found
 
 
@@ -78,7 +82,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-FOLDERS = sorted({".".join(p.parent.relative_to(ROOT).parts) for p in package_files()})
+FOLDERS = sorted({".".join(p.parent.relative_to(ROOT).parts) for p in [*package_files(), *files("bench")]})
 
 
 @pytest.mark.parametrize("pkg", FOLDERS)
@@ -101,6 +105,17 @@ def test_circle_finder_can_fail(tmp_path):
     graph = import_graph("p", tmp_path)
     assert graph["d"] == set()
     assert circles(graph) == [["a", "b", "c"], ["e", "f"]]
+    # a folder inside a folder (launch.prep before issue 43): g imports h inside a function, h imports g at the
+    # top, both by their full dotted names; i imports a module of the outer folder only
+    sub = pkg / "q"
+    sub.mkdir()
+    (sub / "__init__.py").write_text("")
+    (sub / "g.py").write_text("def build():\n    from p.q.h import H\n")
+    (sub / "h.py").write_text("import p.q.g\nH = 1\n")
+    (sub / "i.py").write_text("from p.q import g\nfrom p import d\nimport p.a\n")
+    nested = import_graph("p.q", tmp_path)
+    assert nested == {"__init__": set(), "g": {"h"}, "h": {"g"}, "i": {"g"}}
+    assert circles(nested) == [["g", "h"]]
 
 
 def test_configs_load_and_validate_without_torch():

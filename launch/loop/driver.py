@@ -40,6 +40,7 @@ from launch.loop.metrics import (
     done_line,
     merge_rows,
     run_summary,
+    save_eval_prompts,
     step_row,
     wandb_init,
 )
@@ -203,7 +204,8 @@ class Driver:
                                   f"shown once): {err}")
 
     def evaluate(self) -> dict:
-        """Held-out accuracy of the current version (the push in flight is settled first)."""
+        """Held-out accuracy of the current version (the push in flight is settled first); each prompt's reward
+        is appended to eval_prompts.jsonl (`save_eval_prompts`)."""
         if not self.data.eval or not self.graph.actors:
             return {}
         self.recovery.settle_push()
@@ -215,6 +217,7 @@ class Driver:
             if not self.recovery.check_actors():  # not a dead actor's fault
                 raise
             result = self.graph.evaluate(self.data.eval)
+        save_eval_prompts(self.run_dir, self.position.step, result["per_prompt"])
         return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], "time/eval_s": time.monotonic() - t0}
 
     # ------------------------------------------------------------------ the loop

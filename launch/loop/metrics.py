@@ -1,6 +1,6 @@
 """Metrics: the driver's part of a step's row (`step_row`), the one-writer-per-key merge of a row's
-parts (`merge_rows`), and the run's outputs, `metrics.jsonl` (one JSON object per learner step) and
-TensorBoard events.
+parts (`merge_rows`), and the run's outputs, `metrics.jsonl` (one JSON object per learner step),
+TensorBoard events and `eval_prompts.jsonl` (each held-out prompt's reward at every evaluation).
 
 A row is merged from parts each written by one component: the learner's step metrics (`Learner.step`),
 the driver's (`step_row`) and, on evaluation steps, the evaluation's. Each key has exactly one writer:
@@ -234,6 +234,29 @@ def wandb_init(cfg, run_dir: Path) -> dict | None:
         id_file.write_text(uuid.uuid4().hex[:16])
     return {"project": lc.wandb_project, "entity": lc.wandb_entity, "name": run_dir.name, "dir": str(run_dir),
             "id": id_file.read_text().strip(), "resume": "allow", "config": cfg.model_dump(mode="json")}
+
+
+def save_eval_prompts(run_dir: Path, step: int, per_prompt: list) -> None:
+    """Append one evaluation's per-prompt rewards to run_dir/eval_prompts.jsonl: {"step", "prompt_index": [...],
+    "reward": [...]} (indices ascending), so two runs' final models can be compared prompt by prompt
+    (bench.common.stats.mcnemar_exact). A resume appends again for the steps it trains again: the last line of
+    a step is the one of the run's model (`read_eval_prompts`)."""
+    line = {"step": step, "prompt_index": [int(i) for i, _ in per_prompt],
+            "reward": [float(r) for _, r in per_prompt]}
+    with open(Path(run_dir) / "eval_prompts.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def read_eval_prompts(run_dir: str | Path) -> dict[int, dict[int, float]]:
+    """{step: {prompt_index: reward}} of a run's eval_prompts.jsonl, the last line of each step winning."""
+    out: dict[int, dict[int, float]] = {}
+    for line in (Path(run_dir) / "eval_prompts.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a truncated last line from a crash
+            continue
+        out[row["step"]] = dict(zip(row["prompt_index"], row["reward"]))
+    return out
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -191,4 +191,4 @@ def build_testbed(name: str, algo: str | None, flags: dict, overrides: list[str]
         return [warm]
     from launch.prep.testbed_prm import prepare_prm
 
-    return [warm, prepare_prm(cfg, warm, log=log)]
+    return [warm, prepare_prm(warm_config(cfg), warm, log=log)]  # same prm_dir key as cfg: warm_config changes the level only

@@ -196,15 +196,14 @@ def sample_policy(cfg: RunConfig, warm: Path, recipe: PrmRecipe) -> tuple[list[L
 
 
 def prepare_prm(cfg: RunConfig, warm: Path, recipe: PrmRecipe = PrmRecipe(), log=print) -> Path:
-    """The cached PRM of warm model `warm` for `cfg` (its level: `launch.prep.testbed.warm_config`), trained if
-    missing (module docstring); it appears by a rename, complete, with its `prm_report.json`."""
-    from launch.prep.testbed import warm_config
+    """The cached PRM of warm model `warm`, trained if missing (module docstring); it appears by a rename,
+    complete, with its `prm_report.json`. `cfg`: the warm-up's config, at the level the PRM learns from
+    (`launch.prep.testbed.warm_config` gives it; the caller passes it in, so this module imports no testbed)."""
     from learner.prm.pure import HFTokenClassificationPRM
 
     out = prm_dir(cfg, warm, recipe)
     if (out / "config.json").is_file():
         return out
-    cfg = warm_config(cfg)
     log(f"[prm] training the testbed's PRM on {recipe.train_prompts}×{recipe.samples} samples of {warm.name}; "
         f"cached in {out}")
     start = time.monotonic()

@@ -315,13 +315,13 @@ class ProcessGraph(LearnerRanks, Membership):
 
     def evaluate(self, items) -> dict:
         """Held-out accuracy, the items spread over the live actors (the k-th scores items k, k + N, ...)
-        and the accuracies weighted by their counts."""
+        and the accuracies weighted by their counts; `per_prompt`: every [prompt_index, reward], by index."""
         live = [self.actors[i] for i in self.live]
         n = len(live)
         results = self._get([a.evaluate.remote(items[k::n]) for k, a in enumerate(live) if items[k::n]])
         total = sum(r["n"] for r in results)
         return {"accuracy": sum(r["accuracy"] * r["n"] for r in results) / total if total else float("nan"),
-                "n": total}
+                "n": total, "per_prompt": sorted(p for r in results for p in r["per_prompt"])}
 
     def stop_actors(self, drain: bool, timeout_s: float) -> None:
         """Stop the live actors (drain: they deliver what they have in flight first). One that dies

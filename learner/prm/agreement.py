@@ -3,7 +3,7 @@
 PURE's "process_rewards" provider (`learner.prm.pure.ProcessRewards`) logs these every step. They are the
 PRIME paper's drift measurement (§5.1, Figs. 5-6: a PRM's accuracy on the policy's own rollouts over
 training) for a PRM held fixed while the policy moves; `prime/dpo_acc` is the same measurement for PRIME's
-online implicit PRM (`bench/evidence.py --study steps-prm-drift` sets them side by side).
+online implicit PRM (`bench/evidence/evidence.py --study steps-prm-drift` sets them side by side).
 
 - `pure/prm_step_acc`: over the steps both judge (a PRM score, and a checker verdict of +1 or −1; the
   checker's 0 is a step without a claim), the share with p_k > 0 ⇔ the checker's +1: the rule of the

@@ -1,5 +1,5 @@
 """The production actor's credit loop against a real buffer process, generation replaced by a timer (the
-stand-in of bench/scale.py; no engine): it waits in the buffer's queue instead of polling, restates its
+stand-in of bench/perf/scale.py; no engine): it waits in the buffer's queue instead of polling, restates its
 waiting request when newer weights load, stops at once although a long poll is pending, and a long poll
 whose buffer dies comes back as BufferDown and is retried against the restarted buffer."""
 
@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from actors.prompts import PromptItem
-from bench.scale import SimActor, sim_config
+from bench.perf.scale import SimActor, sim_config
 from buffer.client import BufferClient
 from buffer.process import start_buffer_process
 

@@ -267,7 +267,7 @@ def test_a_request_is_salted_with_the_version_its_group_starts_under():
     samples, _ = asyncio.run(sampler.sample_group(item, plan))
     assert [s.versions.tolist() for s in samples] == [[4, 4]] * 2 + [[-1, -1, 4, 4]]  # (prefix 2 of 4 demo tokens)
     asyncio.run(sampler.sample_group(item, GroupPlan(on_policy=2, demo_rows=0)))
-    asyncio.run(sampler.evaluate([item]))
+    assert asyncio.run(sampler.evaluate([item]))["per_prompt"] == [[0, 0.0]]  # [prompt_index, reward]
     assert [p["cache_salt"] for p in engine.prompts] == ["weights-v3", "weights-v3", "weights-v4", "weights-v4"]
     assert engine.prompts[1]["prompt_token_ids"] == [5, 6, 8, 9]  # the guided row: prompt + demo prefix
     sampler.close()

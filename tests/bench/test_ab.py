@@ -1,7 +1,7 @@
-"""bench/ab.py's arithmetic: the ratio is taken within each A-then-B pair, a pair with a failed run counts
+"""bench/e2e/ab.py's arithmetic: the ratio is taken within each A-then-B pair, a pair with a failed run counts
 for nothing."""
 
-from bench.ab import summarise
+from bench.e2e.ab import summarise
 
 
 def run(pair, side, sps, status="ok"):

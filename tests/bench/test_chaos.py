@@ -1,12 +1,12 @@
-"""bench/chaos.py's pure parts: the shard re-walk, the lost/twice audit on small hand-made ledgers, and the
-restart lines it counts (no run: the chaos run itself is bench/chaos.py; its fault kinds and per-fault table are
+"""bench/chaos/chaos.py's pure parts: the shard re-walk, the lost/twice audit on small hand-made ledgers, and the
+restart lines it counts (no run: the chaos run itself is bench/chaos/chaos.py; its fault kinds and per-fault table are
 tested in test_chaos_faults.py)."""
 
 from __future__ import annotations
 
 from actors.prompts import PromptCursor, PromptItem, shard
-from bench.chaos_audit import audit, shard_walks
-from bench.chaos_console import restarts
+from bench.chaos.chaos_audit import audit, shard_walks
+from bench.chaos.chaos_console import restarts
 
 PROMPTS = [0, 1, 2, 3, 4, 5, 6, 8, 9, 10]  # prompt 7 skipped as over-long: shards are by position, not index
 

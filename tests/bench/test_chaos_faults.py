@@ -1,4 +1,4 @@
-"""bench/chaos.py's fault kinds and per-fault table (issue 33 item 5), without a run: the console parsers (step
+"""bench/chaos/chaos.py's fault kinds and per-fault table (issue 33 item 5), without a run: the console parsers (step
 times, restart lines old and new), the /proc reading that finds the victims, the snapshot window, the faults
 injected into stand-in processes, and the idle arithmetic of the table on hand-made timelines."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import arguments, overrides
-from bench.chaos_console import Restart, progress, restart_events, restarts, step_times
-from bench.chaos_monkey import ROLES, FaultPlan, Monkey
-from bench.chaos_procs import (
+from bench.chaos.chaos import arguments, overrides
+from bench.chaos.chaos_console import Restart, progress, restart_events, restarts, step_times
+from bench.chaos.chaos_monkey import ROLES, FaultPlan, Monkey
+from bench.chaos.chaos_procs import (
     alive_in,
     descendants,
     engine_cores,
@@ -30,7 +30,7 @@ from bench.chaos_procs import (
     run_roles,
     snapshot_window,
 )
-from bench.chaos_report import fault_rows, fault_table, idle_around, load_faults, typical_gap
+from bench.chaos.chaos_report import fault_rows, fault_table, idle_around, load_faults, typical_gap
 
 
 # ---------------------------------------------------------------------------------------------- the console

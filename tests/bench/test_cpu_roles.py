@@ -1,10 +1,10 @@
-"""bench/cpu_roles.py: processes sorted into roles, CPU per step between two readings, and the window
+"""bench/common/cpu_roles.py: processes sorted into roles, CPU per step between two readings, and the window
 that takes the readings when a run's metrics reach two steps."""
 
 import os
 import time
 
-from bench.cpu_roles import CpuWindow, cpu_by_pid, per_step, role_of
+from bench.common.cpu_roles import CpuWindow, cpu_by_pid, per_step, role_of
 
 
 def test_roles_from_titles_and_command_lines():

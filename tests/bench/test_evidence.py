@@ -1,15 +1,15 @@
-"""bench/evidence.py's arithmetic on hand-made metrics rows (the runs themselves are real algo-train runs)."""
+"""bench/evidence/evidence.py's arithmetic on hand-made metrics rows (the runs themselves are real algo-train runs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.evidence import STUDIES, analyse, paired, summarise
+from bench.evidence.evidence import STUDIES, analyse, paired, render, summarise
 
 
 def _rows(accs: dict[int, float]) -> list[dict]:
     """4 training steps of 64 rows; wall clock 1, 2, 3.5, 4.5 s with a 0.5 s evaluation after step 2 (it lies
-    in step 3's interval, bench/runs.py), evaluations at the steps of `accs` (step 0 = before RL)."""
+    in step 3's interval, bench/common/runs.py), evaluations at the steps of `accs` (step 0 = before RL)."""
     rows = [{"step": 0, "eval/accuracy": accs[0], "eval/n": 200}]
     for k, wall in zip((1, 2, 3, 4), (1.0, 2.0, 3.5, 4.5)):
         r = {"step": k, "time/train_s": 0.1, "batch/rows": 64, "time/wall_s": wall, "is/ess": 0.9 + k / 100}
@@ -54,3 +54,8 @@ def test_arms_summarise_over_seeds_and_pair_with_the_baseline_seed_by_seed():
     # differences 0.04 and 0.06: mean 0.05, seed SE = sd(0.04, 0.06)/√2 = 0.01414/1.414 = 0.01
     assert d["delta"] == pytest.approx(0.05) and d["sigma_seeds"] == pytest.approx(0.01)
     assert paired(study, recs, "grpo") is None  # the baseline against itself
+    # the table's cell: σ = max(seed SE 0.01, binomial √(mean(0.44·0.56/200 + 0.40·0.60/200,
+    # 0.42·0.58/200 + 0.36·0.64/200)/2) = √(0.0024010/2) = 0.034648); t = 0.05/0.034648 = 1.443 with 1 df:
+    # p = 1 − (2/π)·atan(1.443) = 0.386
+    assert d["t"] == pytest.approx(1.4431, abs=1e-4) and d["p"] == pytest.approx(0.3857, abs=1e-4)
+    assert "+0.050 ± 0.035 (t = 1.44, df = 1, p = 0.39)" in render(study, recs, [0, 1, 2], "cmd")

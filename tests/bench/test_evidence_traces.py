@@ -1,13 +1,13 @@
-"""bench/evidence_traces.py and the testbed studies of bench/evidence_studies.py (golden values, no runs)."""
+"""bench/evidence/evidence_traces.py and the testbed studies of bench/evidence/evidence_studies.py (golden values, no runs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.evidence import samples_to
-from bench.evidence_studies import STUDIES, config_file, run_overrides
-from bench.evidence_traces import trace_rows, windows
-from bench.runs import mean_se
+from bench.common.stats import mean_se
+from bench.evidence.evidence import samples_to
+from bench.evidence.evidence_studies import STUDIES, config_file, run_overrides
+from bench.evidence.evidence_traces import trace_rows, windows
 
 
 def test_windows_average_each_period_and_skip_empty_ones():
@@ -53,7 +53,7 @@ def test_a_study_without_runs_reads_arms_its_source_study_has(name):
 
 
 def test_a_run_collapses_at_the_first_evaluation_at_or_below_half_its_start():
-    from bench.evidence import analyse
+    from bench.evidence.evidence import analyse
     from tests.bench.test_evidence import _rows
 
     # start 0.30: half is 0.15; step 2's 0.16 is above it, step 4's 0.15 is not

@@ -1,4 +1,4 @@
-"""bench/gpu_smoke.py, the GPU smoke check, on a machine without a GPU: the report names every step with its
+"""bench/gpu/gpu_smoke.py, the GPU smoke check, on a machine without a GPU: the report names every step with its
 status and reason, a step runs under its timeout (its whole process group killed), what a step needs is
 read from the import probe, and the probes' code runs on a CPU (so the first GPU minutes are not spent on
 a Python error)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_smoke
-from bench.gpu_smoke import STATUSES, STEPS, Step, missing, run_step
+from bench.gpu import gpu_smoke
+from bench.gpu.gpu_smoke import STATUSES, STEPS, Step, missing, run_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_report_has_every_step_with_its_status_and_reason(tmp_path):
     """Only the import probe selected (seconds): every other step is in the report, skipped, saying why."""
     report = tmp_path / "smoke.json"
-    done = subprocess.run([sys.executable, "bench/gpu_smoke.py", "--report", str(report), "--steps", "imports"],
+    done = subprocess.run([sys.executable, "bench/gpu/gpu_smoke.py", "--report", str(report), "--steps", "imports"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     rep = json.loads(report.read_text())
@@ -115,7 +115,7 @@ def test_the_budget_leaves_out_steps_that_would_not_fit(monkeypatch):
 def test_each_probe_runs_its_code_on_a_cpu(probe, argv, capsys):
     import importlib
 
-    assert importlib.import_module(f"bench.{probe}").main(argv) == 0
+    assert importlib.import_module(f"bench.gpu.{probe}").main(argv) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("SMOKE ")][-1]
     assert json.loads(line[6:])["summary"]
 
@@ -126,7 +126,7 @@ def test_the_7b_shapes_are_qwen25_7b():
     + MLP 3 × 18944 × 3584 + biases 3584 + 2 × 512 + norms 2 × 3584) + the final norm 3584."""
     import math
 
-    from bench.gpu_smoke_staging import qwen2_tensors
+    from bench.gpu.gpu_smoke_staging import qwen2_tensors
 
     tensors = qwen2_tensors(gpu_smoke.MODEL_CONFIGS["7b"])
     assert len(tensors) == 339 and sum(math.prod(s) for _, s in tensors) == 7_615_616_512

@@ -1,4 +1,4 @@
-"""The arithmetic of bench/peer_trl.py (ours vs TRL GRPOTrainer) on hand-made runs, golden values worked
+"""The arithmetic of bench/peers/peer_trl.py (ours vs TRL GRPOTrainer) on hand-made runs, golden values worked
 out in the comments. No TRL, vLLM or run is needed (CI has no TRL)."""
 
 import json
@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from bench import peer_trl
-from bench.peer_trl_report import (
+from bench.common.runs import load_rows
+from bench.peers import peer_trl
+from bench.peers.peer_trl_report import (
     compare,
     interpolate,
     loop_start,
@@ -16,7 +17,6 @@ from bench.peer_trl_report import (
     startup_s,
     time_to_reach,
 )
-from bench.runs import load_rows
 
 
 def rows(walls, evals, final, eval_s_inside, before=0.2, pre_eval_s=5.0):
@@ -42,7 +42,7 @@ TRL = rows([20.0, 40.0, 60.0, 80.0], {2: 0.45}, final=0.45, eval_s_inside=5.0, b
 
 
 def merged(rs):
-    from bench.runs import merge_rows
+    from bench.common.runs import merge_rows
 
     return merge_rows(rs)
 
@@ -101,7 +101,7 @@ def test_compare_golden_values_and_table():
 
 
 def test_the_bench_reads_both_run_folders_without_trl(tmp_path):
-    """analyse_ours / analyse_trl on folders laid out as algo-train and bench/peer_trl_run.py write them."""
+    """analyse_ours / analyse_trl on folders laid out as algo-train and bench/peers/peer_trl_run.py write them."""
     ours, trl = tmp_path / "ours", tmp_path / "trl"
     for d, rs in ((ours, OURS), (trl, TRL)):
         d.mkdir()
@@ -138,9 +138,9 @@ def test_the_section_says_what_is_matched_and_not(tmp_path):
     with pytest.raises(SystemExit):  # the bench sets the seed itself
         peer_trl.parse_args(["--extra", "seed=3"])
     meta = {"label": "smoke", "steps": 4, "date": "today", "machine": {"cpus": 2}, "load": [1, 2, 3],
-            "command": "python bench/peer_trl.py --steps 4", "versions": "trl x"}
+            "command": "python bench/peers/peer_trl.py --steps 4", "versions": "trl x"}
     text = peer_trl.section(args, compare(o, t), o, t, meta)
-    assert "smoke run, not the result" in text and "`python bench/peer_trl.py --steps 4`" in text
+    assert "smoke run, not the result" in text and "`python bench/peers/peer_trl.py --steps 4`" in text
     assert "Matched:" in text and "Not matched" in text and "noisy" in text
     assert "| ours (algo-train, async) |" in text and "ours runs ? vLLM engine(s)" in text  # no config.yaml
     o["layout"] = {"actors": 1, "prompts_in_flight": 16, "cpus_per_actor": 0.5, "micro_batch_samples": 32,
@@ -152,9 +152,9 @@ def test_the_section_says_what_is_matched_and_not(tmp_path):
 
 
 def test_trls_engine_gets_the_forced_engine_arguments():
-    """bench/peer_trl_run.py builds TRL's colocated LLM with the run's dtype: TRL passes none, and vLLM's
+    """bench/peers/peer_trl_run.py builds TRL's colocated LLM with the run's dtype: TRL passes none, and vLLM's
     "auto" would run a float32 checkpoint in bfloat16."""
-    from bench.peer_trl_run import matched_llm
+    from bench.peers.peer_trl_run import matched_llm
 
     class FakeLLM:
         def __init__(self, *a, **kw):
@@ -171,7 +171,7 @@ def test_serving_threads_holds_for_each_generate_and_restores():
     torch.set_num_threads a no-op) and the trainer's count comes back after, also when generate raises."""
     import torch
 
-    from bench.peer_trl_run import serving_threads
+    from bench.peers.peer_trl_run import serving_threads
 
     class FakeLLM:
         seen = []

@@ -1,6 +1,6 @@
-"""bench/response_shapes.py: the per-sample measurements (golden values from the step checker)."""
+"""bench/evidence/response_shapes.py: the per-sample measurements (golden values from the step checker)."""
 
-from bench.response_shapes import arm_of, shape
+from bench.evidence.response_shapes import arm_of, shape
 
 
 def test_a_sample_is_measured_step_by_step():

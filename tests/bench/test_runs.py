@@ -1,22 +1,21 @@
-"""The arithmetic of the end-to-end benchmarks (bench/runs.py, bench/staleness.py, bench/learning.py) on
+"""The arithmetic of the end-to-end benchmarks (bench/common/runs.py, bench/e2e/staleness.py, bench/e2e/learning.py) on
 synthetic metrics rows and golden numbers worked out by hand in the comments."""
 
 import json
 
 import pytest
 
-from bench import learning, staleness
-from bench.runs import (
+from bench.common.runs import (
     check_extras,
     ideal_bound,
     ideal_bound_sync_serial,
     load_rows,
-    paired_accuracy_delta,
     ratio,
     steady_state,
     steps_for_samples,
     training_clock,
 )
+from bench.e2e import learning, staleness
 from configs.loading import resolve
 
 
@@ -114,21 +113,6 @@ def test_staleness_analyse_and_baseline_on_synthetic_runs():
     assert rec["share_of_bound"] == pytest.approx(1.25 / 1.2)
     with pytest.raises(ValueError, match="expected 9"):
         staleness.analyse(run(4.0, 3.0), steps=9, skip=2)
-
-
-def test_paired_accuracy_delta_golden():
-    # three seeds: d = 0.05, −0.02, 0.01 → Δ = 0.04/3 = 0.01333
-    # seeds: sd(d) = 0.035119 → / √3 = 0.020276
-    # evaluation: mean of a(1−a)/200 + b(1−b)/200 = (0.0019875 + 0.001658 + 0.0019935)/3 = 0.00187967,
-    #   / 3 seeds → √0.00062656 = 0.025031 → σ = max = 0.025031; Δ ≥ −2σ = −0.0501 → no worse
-    out = paired_accuracy_delta([(0.30, 0.25, 200, 200), (0.20, 0.22, 200, 200), (0.28, 0.27, 200, 200)])
-    assert out["delta"] == pytest.approx(0.013333, abs=1e-6)
-    assert out["sigma_seeds"] == pytest.approx(0.020276, abs=1e-6)
-    assert out["sigma"] == pytest.approx(0.025031, abs=1e-6) and out["no_worse"]
-    # one seed, 0.10 vs 0.30: σ = √(0.1·0.9/200 + 0.3·0.7/200) = √0.0015 = 0.03873; −0.2 < −0.0775 → worse
-    one = paired_accuracy_delta([(0.10, 0.30, 200, 200)])
-    assert one["sigma_seeds"] is None and one["sigma"] == pytest.approx(0.038730, abs=1e-6)
-    assert not one["no_worse"]
 
 
 def test_samples_to_steps():

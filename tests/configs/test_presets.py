@@ -104,7 +104,7 @@ def test_a_hub_id_is_fitted_from_the_local_hf_cache(tmp_path, monkeypatch):
 
 
 def test_the_built_in_models_own_directories_keep_the_tiny_values(tmp_path):
-    # the SFT warm-ups the run builds under model.cache_dir (bench/evidence.py passes one as model.path)
+    # the SFT warm-ups the run builds under model.cache_dir (bench/evidence/evidence.py passes one as model.path)
     warm = tmp_path / "cache" / "tiny-sft-300"
     warm.mkdir(parents=True)
     cfg = resolve("grpo", flags={"model.path": str(warm)}, overrides=[f"model.cache_dir={tmp_path / 'cache'}"])

@@ -60,6 +60,15 @@ def check_run(run: Path, steps: int, max_staleness: int, key: str) -> list[dict]
         assert r.get("entropy") is not None and r["entropy"] >= 0, r
         for k in ("response/length_mean", "response/length_max", "response/clipped_frac"):
             assert k in r and (r[k] is not None or r["accuracy/train"] is None), f"{k}: {r}"
+    # every evaluation's per-prompt rewards (eval_prompts.jsonl) add up to its accuracy
+    from launch.loop.metrics import read_eval_prompts
+
+    evals = {r["step"]: r for r in rows(run) if r.get("eval/accuracy") is not None}
+    per_prompt = read_eval_prompts(run)
+    assert evals and sorted(per_prompt) == sorted(evals), (sorted(per_prompt), sorted(evals))
+    for step, r in evals.items():
+        assert len(per_prompt[step]) == r["eval/n"]
+        assert sum(per_prompt[step].values()) / r["eval/n"] == pytest.approx(r["eval/accuracy"])
     return train_rows
 
 

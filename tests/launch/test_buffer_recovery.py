@@ -88,7 +88,7 @@ def test_a_killed_buffer_restarts_from_its_snapshot_without_what_was_trained_and
         assert driver.client.stats()["version"] == 1
 
         # killed again, just before a checkpoint: its snapshot is taken from the restarted buffer (found by
-        # bench/chaos.py's reading of the code: the checkpoint called the buffer without this)
+        # bench/chaos/chaos.py's reading of the code: the checkpoint called the buffer without this)
         os.kill(keeper.pid, signal.SIGKILL)
         keeper.proc.join(10)
         graph.save = lambda path, extra: (path / "extra_state.json").write_text(json.dumps(extra))

@@ -8,7 +8,7 @@ import pytest
 
 from configs.loading import resolve
 from launch.cli import main
-from launch.loop.metrics import MetricsWriter, read_metrics
+from launch.loop.metrics import MetricsWriter, read_eval_prompts, read_metrics, save_eval_prompts
 from launch.loop.progress import Progress, format_line
 from launch.planning.resources import Node, ResourceError, plan
 
@@ -52,6 +52,16 @@ def test_metrics_jsonl_and_tensorboard(tmp_path):
         f.write('{"step": 3, "rew')
     assert len(read_metrics(tmp_path)) == 2
     json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_eval_prompts_are_saved_per_evaluation_and_the_last_line_of_a_step_wins(tmp_path):
+    # step 0, step 10, then a resume from step 0 evaluates step 10 again with another model: its line wins
+    save_eval_prompts(tmp_path, 0, [[0, 0.0], [1, 1.0]])
+    save_eval_prompts(tmp_path, 10, [[0, 1.0], [1, 1.0]])
+    save_eval_prompts(tmp_path, 10, [[0, 0.0], [1, 1.0]])
+    with open(tmp_path / "eval_prompts.jsonl", "a") as f:
+        f.write('{"step": 20, "prompt_in')  # a crash mid-line
+    assert read_eval_prompts(tmp_path) == {0: {0: 0.0, 1: 1.0}, 10: {0: 0.0, 1: 1.0}}
 
 
 def test_progress_line_live_and_plain():

