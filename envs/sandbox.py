@@ -43,7 +43,7 @@ folder the caller creates and deletes, refuses TCP (ABI >= 4), keeps signals and
 (ABI >= 6) and forbids ptrace of the caller; without Landlock there is no file or network isolation, and the
 description says so.
 
-Overhead per call, `print(1)`, either mode (bench/sandbox_overhead.py, medians of 30 calls, 2 cores): 35 ms
+Overhead per call, `print(1)`, either mode (bench/perf/sandbox_overhead.py, medians of 30 calls, 2 cores): 35 ms
 against 9 ms for a bare `python -I -S` start when the machine is quiet, 77 ms against 16 ms at load 4; about
 4-5 bare starts: the interpreter, two forks, the namespaces and mounts, the teardown.
 """

@@ -5,7 +5,7 @@ runner pays), and `Sandbox.run("print(1)")` in each mode this machine supports (
 private root, own uid, Landlock; "plain": rlimits + Landlock). Prints the median wall milliseconds of each
 and the ratio to the bare start.
 
-    python bench/sandbox_overhead.py [--calls 30]
+    python bench/perf/sandbox_overhead.py [--calls 30]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from envs.sandbox import Sandbox, SandboxSetupError  # noqa: E402
 
