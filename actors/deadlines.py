@@ -29,7 +29,9 @@ since a paused engine makes no progress by design):
     which the first rule handles: a healthy engine steps every running sequence together.) The actor then starts no prompt and reports its engine dead through its
     stats (`engine_dead`), which the driver's health check reads (`launch.processes.process_graph.actor_stats`):
     it replaces the actor. An engine frozen inside a weight push stops this clock too; that one is caught by the
-    push's own deadline (`weight_sync.timeout_s`), which blames the actor.
+    push's own deadline (`weight_sync.timeout_s`), which blames the actor. So does one blocked in the join of a
+    weight-sync group (`PausingEngine`): the rebuild's deadline and its cancel (`weight_sync.connect_timeout_s`,
+    `weightsync.liveness.unformed_probe`) end that one.
 
 `auto` (`auto_deadlines`), from the engine's measured seconds per token of one sequence (`DecodeRate`: each
 finished rollout request's time from submission to its end over its longest sample, so time queued and
@@ -119,13 +121,27 @@ class DeadlineClock:
 
 class PausingEngine:
     """The engine as the weight receiver sees it: its `pause_generation` stops the deadline clock and its
-    `resume_generation` restarts it (a pause that fails restarts it too); everything else is the engine's."""
+    `resume_generation` restarts it (a pause that fails restarts it too); `init_weight_transfer_engine` (the
+    join of a weight-sync group) stops the clock while it runs; everything else is the engine's.
+
+    Why the join: vLLM runs it as a utility call on the engine-core loop (`v1/engine/core.py`, the uniproc
+    executor's `collective_rpc`), so the engine produces no token and answers no `is_paused` until every rank
+    of the group has joined, up to `weight_sync.connect_timeout_s` when one never does (an actor that died
+    mid-rebuild). With the clock running, every live engine of a stalled rebuild was declared wedged for good
+    after `progress_s` and the whole fleet replaced; a join that fails is the rebuild's to report."""
 
     def __init__(self, engine, clock: DeadlineClock) -> None:
         self._engine, self._clock = engine, clock
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+    async def init_weight_transfer_engine(self, *args, **kwargs):
+        self._clock.pause()
+        try:
+            return await self._engine.init_weight_transfer_engine(*args, **kwargs)
+        finally:
+            self._clock.resume()
 
     async def pause_generation(self, *args, **kwargs):
         self._clock.pause()

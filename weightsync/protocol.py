@@ -39,6 +39,10 @@ Group keys, under the public prefix ``group_prefix(token, nonce)`` (signed and s
                               on this one key instead of polling every receiver's (``outcome_counts``)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
+  unformed                    set by the sender (its reason) when it gives up on forming the group
+                              (its ``connect`` failed, or it was closed first): a worker still in the
+                              data plane's rendezvous (``weightsync.nccl.engine``) leaves it at once
+                              instead of holding its engine core for ``connect_timeout_s``
   weightsync/gloo/...         the gloo group's own rendezvous keys (``weightsync.gloo.group``)
 
 Who may join: the sender admits a peer only if its proof matches (HMAC-SHA256 with the run's
@@ -137,6 +141,10 @@ def key_nack(seq: int, rank: int) -> str:
 
 def key_outcomes(seq: int) -> str:
     return f"outcomes/{seq}"
+
+
+def key_unformed() -> str:
+    return "unformed"
 
 
 def post_ack(store: dist.Store, seq: int, rank: int, ack: dict) -> None:

@@ -12,7 +12,8 @@ What is vLLM's and what is ours:
   pushes share one group), a delta received in chunks that bound its memory (``sparse_update_infos``),
   the control-plane fields and liveness of ``weightsync.gloo.engine`` (this
   class extends it: worker key, ``Heartbeat``, layerwise-reload bookkeeping and its rollback on
-  failure), and deadlines: the rendezvous waits at most ``connect_timeout_s``, and a push is watched
+  failure), and deadlines: the rendezvous waits at most ``connect_timeout_s`` (less when the learner
+  gives up on the group first: its ``unformed`` key), and a push is watched
   so that the sender's abort key or ``timeout_s`` (+ ``RECEIVER_GRACE_S``) destroys the communicator
   (``ncclCommAbort`` ends the stuck kernels) instead of leaving the worker blocked in NCCL.
 
@@ -49,7 +50,7 @@ from vllm.distributed.weight_transfer.sparse_nccl_engine import (
 
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.gloo.engine import GlooWeightTransferEngine
-from weightsync.liveness import Heartbeat, abort_probe
+from weightsync.liveness import Heartbeat, abort_probe, unformed_probe
 from weightsync.nccl.comm import GatedCommunicator, call_with_deadline, on_device
 from weightsync.nccl.plane import KIND_DELTA, KIND_FULL
 from weightsync.protocol import (
@@ -185,9 +186,10 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
             with on_device(self.device):
                 return worker_init_process_group(init_info, self.parallel_config)
 
-        try:
+        try:  # ends early when the learner gives up on the group (F1: the join holds the engine core)
             comm = GatedCommunicator(call_with_deadline(join, init_info.connect_timeout_s,
                                                         f"rank {init_info.rank}: NCCL rendezvous with the learner",
+                                                        cancelled=unformed_probe(self._store),
                                                         on_late=lambda late: late.destroy()))
         except WeightSyncError:
             self.shutdown()  # no group: stop beating, so the control plane does not count us alive

@@ -270,6 +270,7 @@ class NcclPlane:
         self._mint = mint_uid
         self._uid: bytes | None = None  # minted for the generation being set up, consumed by connect
         self._comm: GatedCommunicator | None = None
+        self._aborts = 0  # calls of ``abort``: a rendezvous in flight watches it
         self.store = store
         if min_gbps <= 0:
             raise ValueError(f"weight_sync.min_gbps must be > 0, got {min_gbps}")
@@ -297,11 +298,14 @@ class NcclPlane:
             raise RuntimeError("NcclPlane.connect before init_info: no receiver knows the NCCL unique id")
         uid, self._uid = self._uid, None
         self.abort()
+        aborts = self._aborts
         factory = self._factory or partial(vllm_communicator, device=torch.accelerator.current_device_index())
-        self._comm = GatedCommunicator(call_with_deadline(
+        comm = call_with_deadline(
             partial(factory, uid, 0, self.world_size), timeout_s,
             f"NCCL rendezvous of the learner with {self.num_receivers} engine(s) x {self.tp} rank(s)",
-            on_late=lambda comm: comm.destroy()))
+            cancelled=lambda: "was cancelled: the plane was aborted" if self._aborts != aborts else None,
+            on_late=lambda comm: comm.destroy())
+        self._comm = GatedCommunicator(comm)
 
     def update_info(self, payload: Payload) -> dict:
         """``nccl_update_info`` plus the push's ``deadline_s`` (``plane.push_deadline_s``), which the
@@ -343,6 +347,10 @@ class NcclPlane:
         return stats
 
     def abort(self) -> None:
+        """Drop the communicator (``ncclCommAbort``) and the generation being set up; a ``connect`` still in
+        its rendezvous on another thread ends at once (the driver rebuilds the group: rank 0's old join must
+        not hold its second thread for ``connect_timeout_s``)."""
+        self._aborts += 1
         self._uid = None
         comm, self._comm = self._comm, None
         if comm is not None:
