@@ -33,6 +33,8 @@ Group keys, under the public prefix ``group_prefix(token, nonce)`` (signed and s
   push/<k>                    JSON {version, info} announcing the k-th push (k = 1, 2, ...); ``info``
                               is the data plane's update_info, handed on to ``update_weights``
   progress/<k>/<r>            buckets of push k that rank r has received (a counter)
+  joined/<k>/<r>              workers of rank r that entered push k's transfer (a counter; NCCL plane:
+                              ``push_outcome.push_failure_probe`` names a rank that never does)
   ack/<k>/<r>, nack/<k>/<r>   JSON outcome of push k on rank r (loaded version, or the error)
   outcomes/<k>                counter: each receiver, after writing its ack (nack) of push k, adds 1
                               (``NACK_STEP``) to it (``post_ack``, ``post_nack``), so the sender waits
@@ -125,6 +127,10 @@ def key_push(seq: int) -> str:
 
 def key_progress(seq: int, rank: int) -> str:
     return f"progress/{seq}/{rank}"
+
+
+def key_joined(seq: int, rank: int) -> str:
+    return f"joined/{seq}/{rank}"
 
 
 def key_abort(seq: int) -> str:

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from tests.weightsync.test_nccl_plane import SLACK_S, UID, FakeComm, make_engine
+from tests.weightsync.test_nccl_plane import SLACK_S, UID, FakeComm, fake_plane, make_engine
 from weightsync.nccl import engine as nccl_engine
 from weightsync.nccl.plane import NcclPlane
 from weightsync.protocol import WeightSyncError, group_store, key_unformed
@@ -19,6 +19,25 @@ from weightsync.protocol import WeightSyncError, group_store, key_unformed
 @pytest.fixture
 def store():
     return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+
+@pytest.fixture
+def engine(monkeypatch, store):
+    """An engine joined to a fake communicator (as tests/weightsync/test_nccl_plane.py's), its vLLM receives
+    stubbed out."""
+    comm = FakeComm()
+    monkeypatch.setattr(nccl_engine, "worker_init_process_group", lambda info, parallel_config: comm)
+    eng = make_engine()
+    plane = NcclPlane(2, tp=1, mint_uid=lambda: UID, control={
+        "host": "127.0.0.1", "port": store.port, "prefix": "grp/", "name": "actor-2", "timeout_s": 5.0,
+        "connect_timeout_s": 10.0})
+    eng.init_transfer_engine(eng.parse_init_info(plane.init_info(2)))
+    monkeypatch.setattr("vllm.model_executor.model_loader.reload.initialize_layerwise_reload", lambda model: None)
+    monkeypatch.setattr("vllm.model_executor.model_loader.reload.finalize_layerwise_reload", lambda model, cfg: None)
+    monkeypatch.setattr(eng._dense, "receive_weights", lambda info: None)
+    eng.test_comm = comm
+    yield eng
+    eng.shutdown()
 
 
 # ---------------------------------------------------------------------------- F1: a join the learner gave up on
@@ -74,3 +93,58 @@ def test_rank_0s_rendezvous_ends_when_its_plane_is_aborted():
         assert time.monotonic() - t0 < 0.2 + SLACK_S
     finally:
         gate.set()
+
+
+# ---------------------------------------------------------------------------- F3: a receiver that never enters the push
+def test_a_push_is_cancelled_when_a_receiver_never_enters_it_while_the_others_wait(store, monkeypatch):
+    """Rank 2's process beats and nacks nothing, but it never enters the broadcast (its actor loop or engine
+    core is stalled): rank 1 and the learner waited in it until the deadline (212 s for a 7B model), and then
+    nobody was blamed. Each worker now counts itself in `joined/<k>/<r>` as it enters; JOIN_S (0.5 s here)
+    after the announcement the push is cancelled naming rank 2."""
+    from tests.weightsync.test_nccl_plane import beat, delta_payload
+    from weightsync import push_outcome
+    from weightsync.protocol import key_joined
+
+    monkeypatch.setattr(push_outcome, "JOIN_S", 0.5)
+    comm = FakeComm(stall=True)
+    plane = fake_plane([comm], store=store)
+    plane.init_info(1)
+    plane.connect(timeout_s=5)
+    stop = threading.Event()
+    beat(store, [1, 2], stop, dead={})
+    store.add(key_joined(4, 1), 1)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncError, match=r"push #4\) was cancelled: rank 2\b.*did not enter push #4 within "
+                                                  r"0\.5 s of its announcement while the others wait in it") as caught:
+            plane.send(delta_payload(), timeout_s=30)
+    finally:
+        stop.set()
+        plane.abort()
+    assert time.monotonic() - t0 < 10
+    assert set(caught.value.failed_ranks) == {2}
+
+
+def test_a_push_nobody_entered_is_left_to_its_deadline(store, monkeypatch):
+    """No receiver entered (something every engine shares): blaming all of them would replace the fleet; the
+    deadline and the driver's one retry on a rebuilt group handle it."""
+    from tests.weightsync.test_nccl_plane import beat
+    from weightsync import push_outcome
+
+    monkeypatch.setattr(push_outcome, "JOIN_S", 0.2)
+    stop = threading.Event()
+    beat(store, [1, 2], stop, dead={})
+    probe = push_outcome.push_failure_probe(store, [1, 2], 4, joins=1)
+    try:
+        time.sleep(0.5)
+        assert probe() is None and probe.blamed == {}
+    finally:
+        stop.set()
+
+
+def test_an_engine_counts_itself_into_each_push_it_enters(engine, store):
+    from tests.weightsync.test_nccl_plane import dense_payload, push
+    from weightsync.protocol import key_joined
+
+    push(engine, dense_payload())
+    assert group_store(store, "grp/").add(key_joined(3, 2), 0) == 1

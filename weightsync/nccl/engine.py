@@ -58,6 +58,7 @@ from weightsync.protocol import (
     WeightSyncError,
     connect_store,
     group_store,
+    key_joined,
     key_worker,
     process_info,
     set_json,
@@ -227,6 +228,7 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
     def update_weights(self, update_info: dict) -> None:
         info = self.parse_update_info(update_info)
         self._require_communicator()
+        self._store.add(key_joined(info.seq, self._info.rank), 1)  # in the push: a rank never here is named
         try:
             self._watched(info.seq, lambda: self.receive_weights(info), info.deadline_s)
         except BaseException:

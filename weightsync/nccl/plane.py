@@ -330,7 +330,7 @@ class NcclPlane:
                     broadcast_patches(comm, payload.patches, payload.ready, self._ops)
 
         failed = None if self.store is None else push_failure_probe(
-            self.store, list(range(1, self.num_receivers + 1)), payload.seq)
+            self.store, list(range(1, self.num_receivers + 1)), payload.seq, joins=self.tp)
 
         def cancelled() -> str | None:
             if self._comm is not comm:
@@ -343,7 +343,8 @@ class NcclPlane:
                                cancelled=cancelled)
         except WeightSyncError as e:
             self.abort()
-            raise WeightSyncError(f"{e}; NCCL communicator aborted") from e
+            raise WeightSyncError(f"{e}; NCCL communicator aborted",
+                                  failed_ranks=getattr(failed, "blamed", None)) from e
         return stats
 
     def abort(self) -> None:
