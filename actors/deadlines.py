@@ -17,7 +17,8 @@ when that is shorter): no per-token work is added anywhere.
 
 The rules, on the actor's clock (`DeadlineClock`: monotonic time with the weight pushes' pauses taken out,
 since a paused engine makes no progress by design):
-  - a sequence that has produced a token and then none for `progress_s` is aborted. A sequence still waiting
+  - a sequence that has produced a token and then none for `progress_s` (counted from the engine's last resume
+    after a push when that is later: the sequence may wait for its re-prefill) is aborted. A sequence still waiting
     for its first token is queued behind others (or prefilling) and is left to the group budget: aborting it
     would only queue it again;
   - an attempt (the group's request, or one regeneration of its aborted members) still unfinished after
@@ -99,11 +100,13 @@ class DecodeRate:
 
 
 class DeadlineClock:
-    """Monotonic seconds that stand still while the engine is paused for a weight push."""
+    """Monotonic seconds that stand still while the engine is paused for a weight push. `resumed`: the clock
+    time of the last resume (None before any), from which sequences' progress is measured again."""
 
     def __init__(self) -> None:
         self._paused_total = 0.0
         self._paused_at: float | None = None
+        self.resumed: float | None = None
 
     def now(self) -> float:
         t = time.monotonic() if self._paused_at is None else self._paused_at
@@ -117,6 +120,7 @@ class DeadlineClock:
         if self._paused_at is not None:
             self._paused_total += time.monotonic() - self._paused_at
             self._paused_at = None
+            self.resumed = self.now()
 
 
 class PausingEngine:
@@ -278,8 +282,8 @@ class Watchdog:
         for i, (rid, index) in watched.items():
             if self.wedged is not None:
                 why = "the engine is wedged"
-            elif progress_s is not None and self._tokens[i] > 0 and now - self._since[i] > progress_s:
-                why = f"no new token for {now - self._since[i]:.3g}s (progress_s {progress_s:.3g}s)"
+            elif progress_s is not None and self._tokens[i] > 0 and now - self._quiet_since(i) > progress_s:
+                why = f"no new token for {now - self._quiet_since(i):.3g}s (progress_s {progress_s:.3g}s)"
             elif group_s is not None and now - self.attempts[rid].started > group_s:
                 why = f"unfinished after {now - self.attempts[rid].started:.3g}s (group_s {group_s:.3g}s)"
             else:
@@ -293,6 +297,14 @@ class Watchdog:
         self._cut |= cut.keys()
         self.counts["requests_aborted"] += len(cut)
         return cut
+
+    def _quiet_since(self, i: str) -> float:
+        """Since when sequence `i` counts as without progress: its last token, or the last resume of the engine
+        when later. After a push that drops the KV cache (`weight_sync.clear_cache`) every kept sequence waits
+        for its re-prefill behind all the others, with its tokens so far > 0; measured from its last token
+        before the push, a long re-prefill queue would cut healthy sequences (review gpu_path_3 F2)."""
+        resumed = self.clock.resumed
+        return self._since[i] if resumed is None else max(self._since[i], resumed)
 
     def _members(self):
         """(request id, sample index, internal sequence id) of the watched requests' unfinished sequences."""

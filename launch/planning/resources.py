@@ -132,6 +132,7 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         weight_sync.backend     auto -> nccl when learner ranks and actors both have GPUs and every actor
                                         has whole GPUs, else gloo (engines sharing a GPU: `sharing_note`)
         rollout.kv_cache_gib    null -> 1 GiB on CPU engines (null on GPUs: by gpu_memory_utilization)
+        weight_sync.clear_cache auto -> false on GPU engines (pushes keep the salted prefix cache), true on CPU
         rollout.engine.gpu_memory_utilization  null -> 0.85 on GPU engines without rollout.kv_cache_gib
         learner.logprob_chunk_tokens  auto -> 1024 on GPU learner ranks, 4096 on CPU
         learner.micro_batch_tokens    auto -> 16384 on GPU learner ranks, null on CPU
@@ -160,6 +161,7 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         out.weight_sync.backend = "nccl" if both_gpu and not shared_gpu else "gloo"
     engine_gpu, rank_gpu = r.gpus_per_actor > 0, lr.gpus_per_rank > 0
     r.kv_cache_gib = r.resolved_kv_cache_gib(engine_gpu)
+    out.weight_sync.clear_cache = out.weight_sync.resolved_clear_cache(engine_gpu)
     if engine_gpu and r.kv_cache_gib is None and r.engine.gpu_memory_utilization is None:
         r.engine.gpu_memory_utilization = GPU_MEMORY_UTILIZATION
     lr.logprob_chunk_tokens = lr.resolved_logprob_chunk_tokens(rank_gpu)

@@ -63,3 +63,29 @@ def test_a_failed_join_restarts_the_clock():
 
     assert asyncio.run(failing()) > 0.04  # running again
     sampler.close()
+
+
+def test_progress_after_a_push_is_measured_from_the_resume():
+    """F2: a push that drops the KV cache preempts every sequence; each waits for its re-prefill after the
+    resume, with its tokens so far > 0. Sample 0 got its last token 0.2 s (clock time) before the pause and
+    none for 0.2 s after the resume (its re-prefill queue): 0.4 s in all, over progress_s 0.3, so it was cut
+    and regenerated. Its progress deadline now counts from the resume."""
+    engine = StallEngine(lambda number, index: {"stall_after": 2} if index == 0 else {"length": 80})
+    sampler = sampler_on(engine)
+
+    async def push_meanwhile():
+        task = asyncio.ensure_future(group(sampler))
+        await asyncio.sleep(0.2)
+        receiver_engine = PausingEngine(engine, sampler.clock)
+        await receiver_engine.pause_generation(mode="keep")
+        await asyncio.sleep(0.3)
+        await receiver_engine.resume_generation()
+        await asyncio.sleep(0.2)
+        for state in engine.output_processor.request_states.values():  # re-prefilled: it decodes again
+            state.stall_after = None
+        return await task
+
+    samples, _ = asyncio.run(push_meanwhile())
+    sampler.close()
+    assert len(samples) == 4 and sampler.wedged is None
+    assert sampler.deadline_stats() == {"requests_aborted": 0, "members_regenerated": 0}
