@@ -89,6 +89,11 @@ class RolloutEngineConfig(Section):
         None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default, "
                                 "128 for this project's AsyncLLM engines (vLLM 0.32). An actor keeps "
                                 "rollout.prompts_in_flight × rollout.n samples in flight")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens an engine schedules in one step, prefill chunks and decode tokens together "
+                                "(vLLM max_num_batched_tokens); null = vLLM's default on GPUs, 2048 for this "
+                                "project's AsyncLLM engines (vLLM 0.32). On CPU engines (chunked prefill off) at "
+                                "least the longest context: max(this or 4096, prompt + response tokens)")
     enforce_eager: bool | None = Field(
         None, description="no torch.compile / CUDA graphs (vLLM enforce_eager); null = true on CPU (compiling takes "
                           "minutes and gains little for small models), false on GPUs")

@@ -29,3 +29,46 @@ def test_pushes_keep_the_salted_cache_on_gpu_engines_and_drop_it_on_cpu():
     assert cfg.weight_sync.resolved_clear_cache(gpu=False) is True
     said = resolve("grpo", overrides=["weight_sync.clear_cache=true"])
     assert resolve_auto(said, gpu_nodes(1)).weight_sync.clear_cache is True  # what the user set stands
+
+
+# ---------------------------------------------------------------------------- F4: max_num_batched_tokens
+def users_model(tmp_path, context: int = 4096):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(f'{{"max_position_embeddings": {context}}}')
+    return model
+
+
+def test_gpu_engines_of_a_users_model_schedule_8192_tokens_a_step(tmp_path):
+    """vLLM's AsyncLLM (UsageContext.ENGINE_CONTEXT) falls back to SchedulerConfig's 2048 tokens a step: with
+    chunked prefill, new prompts and re-prefills went through in 2048-token slices. The real-model preset sets
+    8192: veRL's rollout default and vLLM 0.32's own OpenAI-server default on H100/H200-class GPUs."""
+    from actors.engine import EngineSpec
+
+    model = users_model(tmp_path)
+    cfg = resolve("grpo", overrides=[f"model.path={model}"])
+    assert cfg.rollout.engine.max_num_batched_tokens == 8192
+    gpu = EngineSpec.from_config(cfg, model, weight_transfer=False, cpu=False).engine_args_kwargs()
+    assert gpu["max_num_batched_tokens"] == 8192 and "enable_chunked_prefill" not in gpu
+    cpu = EngineSpec.from_config(cfg, model, weight_transfer=False, cpu=True).engine_args_kwargs()
+    assert cpu["max_num_batched_tokens"] == 8192 and cpu["enable_chunked_prefill"] is False
+    mine = resolve("grpo", overrides=[f"model.path={model}", "rollout.engine.max_num_batched_tokens=16384"])
+    assert EngineSpec.from_config(mine, model, weight_transfer=False, cpu=False).engine_args_kwargs()[
+        "max_num_batched_tokens"] == 16384
+
+
+def test_a_cpu_engine_still_fits_a_whole_context_in_one_step(tmp_path):
+    """Chunked prefill is off on CPU (actors.engine): the step budget must hold the longest context, whatever
+    the setting says. The tiny model keeps its values (null: vLLM's on GPUs, a whole context on CPU)."""
+    from actors.engine import EngineSpec
+
+    model = users_model(tmp_path, context=16384)
+    long = resolve("grpo", overrides=[f"model.path={model}", "rollout.max_response_tokens=12000"])
+    assert EngineSpec.from_config(long, model, weight_transfer=False, cpu=True).engine_args_kwargs()[
+        "max_num_batched_tokens"] == 1024 + 12000
+    tiny = resolve("grpo")
+    assert tiny.rollout.engine.max_num_batched_tokens is None
+    assert "max_num_batched_tokens" not in EngineSpec.from_config(tiny, model, weight_transfer=False,
+                                                                  cpu=False).engine_args_kwargs()
+    assert EngineSpec.from_config(tiny, model, weight_transfer=False, cpu=True).engine_args_kwargs()[
+        "max_num_batched_tokens"] == 4096  # max(256 + 128, 4096), as before
