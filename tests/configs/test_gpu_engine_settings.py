@@ -72,3 +72,22 @@ def test_a_cpu_engine_still_fits_a_whole_context_in_one_step(tmp_path):
                                                                   cpu=False).engine_args_kwargs()
     assert EngineSpec.from_config(tiny, model, weight_transfer=False, cpu=True).engine_args_kwargs()[
         "max_num_batched_tokens"] == 4096  # max(256 + 128, 4096), as before
+
+
+# ---------------------------------------------------------------------------- F5: credit that grows with the actors
+def test_the_buffers_capacity_grows_with_the_actors_unless_set():
+    """W = min((K + 1) × batch_prompts, buffer.capacity_groups). A fixed 256 groups gave each of 32 actors at
+    most 8 prompts (64 sequences at n 8, ~29 % of the ~223 a 7B engine holds on an 80 GB GPU). auto keeps
+    ACTOR_CREDIT_GROUPS = 32 prompts of room per actor (223 // 8 = 27 prompts fill such an engine), and never less
+    than the 256 of before: 1 to 8 actors are unchanged."""
+    from configs.buffer_section import ACTOR_CREDIT_GROUPS
+    from configs.concurrency import credit_share, credit_window
+
+    assert ACTOR_CREDIT_GROUPS == 32
+    assert resolve("grpo").buffer.capacity_groups == 256  # 1 actor: max(256, 32 × 1)
+    assert resolve("pure", flags={"rollout.num_actors": 8}).buffer.capacity_groups == 256  # 32 × 8
+    big = resolve("pure", flags={"rollout.num_actors": 32}, overrides=["learner.batch_prompts=64"])
+    assert big.buffer.capacity_groups == 32 * 32 == 1024
+    assert credit_window(big) == (4 + 1) * 64 == 320 and credit_share(big, 32) == 10  # the batch is the limit now
+    mine = resolve("pure", flags={"rollout.num_actors": 32}, overrides=["buffer.capacity_groups=256"])
+    assert mine.buffer.capacity_groups == 256  # what the user set stands
