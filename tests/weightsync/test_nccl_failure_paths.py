@@ -148,3 +148,24 @@ def test_an_engine_counts_itself_into_each_push_it_enters(engine, store):
 
     push(engine, dense_payload())
     assert group_store(store, "grp/").add(key_joined(3, 2), 0) == 1
+
+
+# ---------------------------------------------------------------------------- F6: the ring is built at the join
+def test_both_ends_build_the_broadcast_ring_while_every_rank_is_in_the_rendezvous(monkeypatch, store):
+    """NCCL >= 2.22 connects lazily, and vLLM's warm-up all_reduce of one element may not build the ring that
+    broadcast uses: the first push then did NCCL's blocking connection setup inside the broadcast, outside the
+    gate, where a transport fault named no receiver. Each end's first operation on a new communicator is now a
+    1-element broadcast from rank 0, inside the rendezvous and its deadline."""
+    rank0, worker = FakeComm(), FakeComm()
+    plane = NcclPlane(1, communicator_factory=lambda uid, rank, world: rank0, mint_uid=lambda: UID)
+    plane.init_info(1)
+    plane.connect(timeout_s=5)
+    monkeypatch.setattr(nccl_engine, "worker_init_process_group", lambda info, pc: worker)
+    eng = make_engine()
+    control = {"host": "127.0.0.1", "port": store.port, "prefix": "g/", "connect_timeout_s": 5.0}
+    eng.init_transfer_engine(eng.parse_init_info(NcclPlane(1, mint_uid=lambda: UID, control=control).init_info(1)))
+    try:
+        for comm in (rank0, worker):
+            assert comm.ops == [(1, 0)]  # (elements, src) of every broadcast so far
+    finally:
+        eng.shutdown()

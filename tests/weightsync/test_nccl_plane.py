@@ -52,13 +52,14 @@ SLACK_S = 5.0  # generous: the machine is shared; the point is "returns", not "r
 
 
 class FakeComm:
-    """Records broadcasts; with ``stall`` every broadcast blocks like a peer that never shows up,
+    """Records broadcasts; with ``stall`` every broadcast after the join's 1-element warm-up blocks like a peer that never shows up,
     until ``destroy`` (as ncclCommAbort ends stuck kernels) or, with ``abort_unblocks=False``, until
     the test's ``release``."""
 
     def __init__(self, stall: bool = False, abort_unblocks: bool = True):
         self.device = torch.device("cpu")
-        self.sent: list[torch.Tensor] = []
+        self.ops: list[tuple[int, int]] = []  # (elements, src) of every broadcast, the ring's warm-up included
+        self.sent: list[torch.Tensor] = []  # what was broadcast after the warm-up (the payload)
         self.destroyed = 0
         self.after_destroy = 0  # broadcasts issued once destroy began (undefined on a real communicator)
         self.stall, self.abort_unblocks = stall, abort_unblocks
@@ -66,6 +67,9 @@ class FakeComm:
 
     def broadcast(self, tensor, src, stream=None):
         assert src == 0
+        self.ops.append((tensor.numel(), src))
+        if len(self.ops) == 1 and tensor.numel() == 1:  # the ring's warm-up at the join (F6): every rank is there
+            return
         self.after_destroy += self.destroyed > 0
         self.sent.append(tensor.clone())
         if self.stall:

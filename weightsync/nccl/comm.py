@@ -83,6 +83,28 @@ def on_device(device: torch.device | None):
     return torch.accelerator.device_index(device.index)
 
 
+def build_ring(comm: Communicator) -> Communicator:
+    """One 1-element broadcast from rank 0 on a communicator just joined (every rank of the group calls it, right
+    after its join), waited for; returns ``comm`` (destroyed, and the error raised, when it fails).
+
+    Why (review gpu_path_3 F6): NCCL since 2.22 connects lazily (``NCCL_RUNTIME_CONNECT``), and vLLM's warm-up
+    after the join is a 1-element all_reduce, for which NCCL picks tree/LL algorithms: the ring channels that
+    broadcast uses (IB queue pairs, P2P buffers) would be set up inside the first push's broadcast, a blocking
+    host call past the ``GatedCommunicator`` gate, where an abort is undefined and a transport fault names no
+    receiver. A broadcast here builds them while every rank is known to be in the rendezvous, under its
+    deadline, so a data-port problem fails the join (``WeightSyncUnformed``, naming the node) instead."""
+    try:
+        with on_device(comm.device):
+            comm.broadcast(torch.zeros(1, device=comm.device), src=0)
+            if comm.device.type == "cuda":
+                torch.accelerator.synchronize(comm.device.index)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            comm.destroy()
+        raise
+    return comm
+
+
 def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
                        cancelled: Callable[[], str | None] | None = None,
                        on_late: Callable[[T], None] | None = None) -> T:

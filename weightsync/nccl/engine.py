@@ -51,7 +51,7 @@ from vllm.distributed.weight_transfer.sparse_nccl_engine import (
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.gloo.engine import GlooWeightTransferEngine
 from weightsync.liveness import Heartbeat, abort_probe, unformed_probe
-from weightsync.nccl.comm import GatedCommunicator, call_with_deadline, on_device
+from weightsync.nccl.comm import GatedCommunicator, build_ring, call_with_deadline, on_device
 from weightsync.nccl.plane import KIND_DELTA, KIND_FULL
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
@@ -183,9 +183,9 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
                  process_info(init_info.name or f"{NCCL_ENGINE_BACKEND} rank {init_info.rank}"))
         self._heartbeat = Heartbeat(init_info.host, init_info.port, init_info.rank, init_info.prefix)
 
-        def join():
+        def join():  # joined, then the broadcast ring built while every rank is here (comm.build_ring)
             with on_device(self.device):
-                return worker_init_process_group(init_info, self.parallel_config)
+                return build_ring(worker_init_process_group(init_info, self.parallel_config))
 
         try:  # ends early when the learner gives up on the group (F1: the join holds the engine core)
             comm = GatedCommunicator(call_with_deadline(join, init_info.connect_timeout_s,

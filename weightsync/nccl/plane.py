@@ -45,6 +45,7 @@ from weightsync.nccl.comm import (
     Communicator,
     CommunicatorFactory,
     GatedCommunicator,
+    build_ring,
     call_with_deadline,
     on_device,
     vllm_communicator,
@@ -300,8 +301,8 @@ class NcclPlane:
         self.abort()
         aborts = self._aborts
         factory = self._factory or partial(vllm_communicator, device=torch.accelerator.current_device_index())
-        comm = call_with_deadline(
-            partial(factory, uid, 0, self.world_size), timeout_s,
+        comm = call_with_deadline(  # joined, then the broadcast ring built (comm.build_ring)
+            lambda: build_ring(factory(uid, 0, self.world_size)), timeout_s,
             f"NCCL rendezvous of the learner with {self.num_receivers} engine(s) x {self.tp} rank(s)",
             cancelled=lambda: "was cancelled: the plane was aborted" if self._aborts != aborts else None,
             on_late=lambda comm: comm.destroy())
