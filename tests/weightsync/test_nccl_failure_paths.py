@@ -169,3 +169,21 @@ def test_both_ends_build_the_broadcast_ring_while_every_rank_is_in_the_rendezvou
             assert comm.ops == [(1, 0)]  # (elements, src) of every broadcast so far
     finally:
         eng.shutdown()
+
+
+# ---------------------------------------------------------------------------- F7: a failed receive drops its group
+def test_a_receive_that_fails_without_the_watcher_drops_its_communicator(engine, monkeypatch):
+    """A loader error (an unknown tensor name) raised out of the receive while no abort or deadline fired: the
+    worker kept a communicator whose collective sequence is broken, although the engine's docstring says a
+    failed push leaves none. Now destroyed once (ncclCommAbort), like an aborted one."""
+    from tests.weightsync.test_nccl_plane import dense_payload
+    from weightsync.nccl.plane import nccl_update_info
+
+    def loader_error(info):
+        raise ValueError("no parameter model.x")
+
+    monkeypatch.setattr(engine._dense, "receive_weights", loader_error)
+    comm = engine.test_comm
+    with pytest.raises(ValueError, match="no parameter model.x"):
+        engine.update_weights({"version": 7, "seq": 3, **nccl_update_info(dense_payload())})
+    assert engine.communicator is None and comm.destroyed == 1

@@ -231,8 +231,9 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
         self._store.add(key_joined(info.seq, self._info.rank), 1)  # in the push: a rank never here is named
         try:
             self._watched(info.seq, lambda: self.receive_weights(info), info.deadline_s)
-        except BaseException:
+        except BaseException:  # also a loader error the watcher never saw: the group's sequence is broken
             self._abandon_reload()
+            self._drop_communicator()
             raise
 
     def receive_weights(self, update_info: ImpalaNcclUpdateInfo) -> None:
