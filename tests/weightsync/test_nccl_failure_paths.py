@@ -187,3 +187,25 @@ def test_a_receive_that_fails_without_the_watcher_drops_its_communicator(engine,
     with pytest.raises(ValueError, match="no parameter model.x"):
         engine.update_weights({"version": 7, "seq": 3, **nccl_update_info(dense_payload())})
     assert engine.communicator is None and comm.destroyed == 1
+
+
+# ---------------------------------------------------------------------------- F11: what failed generations leave
+def test_abandoned_nccl_calls_are_counted_in_the_error():
+    """A rendezvous that never forms leaves its thread blocked in ncclCommInitRank (NCCL cannot end it), and
+    one more with every failed generation: harmless unless rebuilds fail in a loop, which the count shows."""
+    from weightsync.nccl import comm
+
+    gate = threading.Event()
+    before = comm.abandoned_calls()
+    try:
+        for n in (1, 2):
+            with pytest.raises(WeightSyncError, match=rf"did not finish within its 0\.1 s deadline \({before + n} "
+                                                      r"abandoned NCCL call\(s\) still blocked in this process"):
+                comm.call_with_deadline(lambda: gate.wait(30), 0.1, "rendezvous")
+        assert comm.abandoned_calls() == before + 2
+    finally:
+        gate.set()
+    deadline = time.monotonic() + 5
+    while comm.abandoned_calls() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert comm.abandoned_calls() == before  # they ended: no longer counted

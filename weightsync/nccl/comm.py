@@ -23,6 +23,16 @@ import torch
 from weightsync.protocol import WeightSyncError
 
 POLL_S = 0.05  # how often a deadline wait looks at its cancel probe
+_abandoned = [0]  # calls abandoned by `call_with_deadline` whose thread has not returned yet (under _count_lock)
+_count_lock = threading.Lock()
+
+
+def abandoned_calls() -> int:
+    """Threads of this process that `call_with_deadline` abandoned and that are still blocked in their call (a
+    rendezvous that never formed stays in ``ncclCommInitRank``, which NCCL offers no way to end; each failed
+    generation also leaves NCCL's bootstrap-root thread of its unique id on learner rank 0). Harmless unless
+    rebuilds fail in a loop: every deadline or cancel error states the count (review gpu_path_3 F11)."""
+    return _abandoned[0]
 
 T = TypeVar("T")
 
@@ -127,6 +137,9 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
             box["result"], box["error"] = result, error
             late = box["abandoned"]
             done.set()
+        if late:
+            with _count_lock:
+                _abandoned[0] -= 1
         if late and error is None and on_late is not None:
             with contextlib.suppress(Exception):
                 on_late(result)
@@ -141,7 +154,10 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
             with lock:
                 if not done.is_set():
                     box["abandoned"] = True
-                    raise WeightSyncError(f"{what} {why}")
+                    with _count_lock:
+                        _abandoned[0] += 1
+                    raise WeightSyncError(f"{what} {why} ({abandoned_calls()} abandoned NCCL call(s) still "
+                                          "blocked in this process)")
     why = cancelled() if cancelled is not None else None
     if why is not None:  # cancelled while finishing: what it produced is not trusted
         raise WeightSyncError(f"{what} {why}") from box["error"]
