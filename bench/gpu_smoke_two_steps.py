@@ -41,14 +41,14 @@ NCCL_LOG = "nccl.log"
 CONTEXT = 4608  # the tiny model's context: 64 prompt tokens + responses of up to 4,544 (the F1 step decodes 4,000)
 
 
-def config(device: str, **weight_sync):
+def config(device: str, model: str, **weight_sync):
     from configs.schema import RunConfig
 
     gpu = device == "cuda"
     return RunConfig(learner={"gpus_per_rank": 1.0 if gpu else 0.0},
                      rollout={"gpus_per_actor": 1.0 if gpu else 0.0, "max_response_tokens": CONTEXT - 64,
                               "engine": {"enforce_eager": True, "gpu_memory_utilization": 0.3 if gpu else None}},
-                     data={"max_prompt_tokens": 64}, model={"dtype": "bfloat16" if gpu else "float32"},
+                     data={"max_prompt_tokens": 64}, model={"path": model, "dtype": "bfloat16" if gpu else "float32"},
                      weight_sync={"backend": "nccl" if gpu else "gloo", **weight_sync})
 
 
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(args.work / "model", max_position_embeddings=CONTEXT))
-    cfg = config(args.device, connect_timeout_s=20.0 if args.step == "stalled_rebuild" else 120.0)
+    cfg = config(args.device, model, connect_timeout_s=20.0 if args.step == "stalled_rebuild" else 120.0)
     learner = WeightPeer(cfg, model, "learner")
     try:
         out = STEPS[args.step](learner, cfg, model, args.work, args.device, secrets.token_hex(16))
