@@ -126,7 +126,7 @@ class AsyncActor(WeightUpdates):
             self.engine, tokenizer,
             SamplingSettings.from_config(r),
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id,
-            salt_version=None if self.cfg.weight_sync.clear_cache else lambda: self.version,  # kept KV: salted prefixes
+            salt_version=None if self.clears_cache else lambda: self.version,  # kept KV: salted prefixes
             deadlines=r.deadlines)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")

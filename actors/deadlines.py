@@ -17,7 +17,8 @@ when that is shorter): no per-token work is added anywhere.
 
 The rules, on the actor's clock (`DeadlineClock`: monotonic time with the weight pushes' pauses taken out,
 since a paused engine makes no progress by design):
-  - a sequence that has produced a token and then none for `progress_s` is aborted. A sequence still waiting
+  - a sequence that has produced a token and then none for `progress_s` (counted from the engine's last resume
+    after a push when that is later: the sequence may wait for its re-prefill) is aborted. A sequence still waiting
     for its first token is queued behind others (or prefilling) and is left to the group budget: aborting it
     would only queue it again;
   - an attempt (the group's request, or one regeneration of its aborted members) still unfinished after
@@ -29,7 +30,9 @@ since a paused engine makes no progress by design):
     which the first rule handles: a healthy engine steps every running sequence together.) The actor then starts no prompt and reports its engine dead through its
     stats (`engine_dead`), which the driver's health check reads (`launch.processes.process_graph.actor_stats`):
     it replaces the actor. An engine frozen inside a weight push stops this clock too; that one is caught by the
-    push's own deadline (`weight_sync.timeout_s`), which blames the actor.
+    push's own deadline (`weight_sync.timeout_s`), which blames the actor. So does one blocked in the join of a
+    weight-sync group (`PausingEngine`): the rebuild's deadline and its cancel (`weight_sync.connect_timeout_s`,
+    `weightsync.liveness.unformed_probe`) end that one.
 
 `auto` (`auto_deadlines`), from the engine's measured seconds per token of one sequence (`DecodeRate`: each
 finished rollout request's time from submission to its end over its longest sample, so time queued and
@@ -97,11 +100,13 @@ class DecodeRate:
 
 
 class DeadlineClock:
-    """Monotonic seconds that stand still while the engine is paused for a weight push."""
+    """Monotonic seconds that stand still while the engine is paused for a weight push. `resumed`: the clock
+    time of the last resume (None before any), from which sequences' progress is measured again."""
 
     def __init__(self) -> None:
         self._paused_total = 0.0
         self._paused_at: float | None = None
+        self.resumed: float | None = None
 
     def now(self) -> float:
         t = time.monotonic() if self._paused_at is None else self._paused_at
@@ -115,17 +120,32 @@ class DeadlineClock:
         if self._paused_at is not None:
             self._paused_total += time.monotonic() - self._paused_at
             self._paused_at = None
+            self.resumed = self.now()
 
 
 class PausingEngine:
     """The engine as the weight receiver sees it: its `pause_generation` stops the deadline clock and its
-    `resume_generation` restarts it (a pause that fails restarts it too); everything else is the engine's."""
+    `resume_generation` restarts it (a pause that fails restarts it too); `init_weight_transfer_engine` (the
+    join of a weight-sync group) stops the clock while it runs; everything else is the engine's.
+
+    Why the join: vLLM runs it as a utility call on the engine-core loop (`v1/engine/core.py`, the uniproc
+    executor's `collective_rpc`), so the engine produces no token and answers no `is_paused` until every rank
+    of the group has joined, up to `weight_sync.connect_timeout_s` when one never does (an actor that died
+    mid-rebuild). With the clock running, every live engine of a stalled rebuild was declared wedged for good
+    after `progress_s` and the whole fleet replaced; a join that fails is the rebuild's to report."""
 
     def __init__(self, engine, clock: DeadlineClock) -> None:
         self._engine, self._clock = engine, clock
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+    async def init_weight_transfer_engine(self, *args, **kwargs):
+        self._clock.pause()
+        try:
+            return await self._engine.init_weight_transfer_engine(*args, **kwargs)
+        finally:
+            self._clock.resume()
 
     async def pause_generation(self, *args, **kwargs):
         self._clock.pause()
@@ -262,8 +282,8 @@ class Watchdog:
         for i, (rid, index) in watched.items():
             if self.wedged is not None:
                 why = "the engine is wedged"
-            elif progress_s is not None and self._tokens[i] > 0 and now - self._since[i] > progress_s:
-                why = f"no new token for {now - self._since[i]:.3g}s (progress_s {progress_s:.3g}s)"
+            elif progress_s is not None and self._tokens[i] > 0 and now - self._quiet_since(i) > progress_s:
+                why = f"no new token for {now - self._quiet_since(i):.3g}s (progress_s {progress_s:.3g}s)"
             elif group_s is not None and now - self.attempts[rid].started > group_s:
                 why = f"unfinished after {now - self.attempts[rid].started:.3g}s (group_s {group_s:.3g}s)"
             else:
@@ -277,6 +297,14 @@ class Watchdog:
         self._cut |= cut.keys()
         self.counts["requests_aborted"] += len(cut)
         return cut
+
+    def _quiet_since(self, i: str) -> float:
+        """Since when sequence `i` counts as without progress: its last token, or the last resume of the engine
+        when later. After a push that drops the KV cache (`weight_sync.clear_cache`) every kept sequence waits
+        for its re-prefill behind all the others, with its tokens so far > 0; measured from its last token
+        before the push, a long re-prefill queue would cut healthy sequences (review gpu_path_3 F2)."""
+        resumed = self.clock.resumed
+        return self._since[i] if resumed is None else max(self._since[i], resumed)
 
     def _members(self):
         """(request id, sample index, internal sequence id) of the watched requests' unfinished sequences."""

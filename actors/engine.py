@@ -69,6 +69,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1  # GPUs only
     gpu_memory_utilization: float | None = None  # GPUs only; None = 0.85 unless kv_cache_gib is set
     max_num_seqs: int | None = None  # None = vLLM's default
+    max_num_batched_tokens: int | None = None  # tokens per engine step; None = vLLM's default (GPUs), see cpu
     enable_prefix_caching: bool | None = None  # None = vLLM's default
     trust_remote_code: bool = False  # model.trust_remote_code: run the model directory's own Python code
     extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
@@ -108,6 +109,7 @@ class EngineSpec:
             tensor_parallel_size=e.tensor_parallel_size,
             gpu_memory_utilization=e.gpu_memory_utilization,
             max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens,
             enable_prefix_caching=e.enable_prefix_caching,
             trust_remote_code=cfg.model.trust_remote_code,
         )
@@ -131,9 +133,11 @@ class EngineSpec:
             use_tqdm_on_load=not self.quiet,
         )
         if self.cpu:
-            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(self.max_model_len, 4096),
-                      distributed_executor_backend="uni")
+            kw.update(enable_chunked_prefill=False, distributed_executor_backend="uni",
+                      max_num_batched_tokens=max(self.max_model_len, self.max_num_batched_tokens or 4096))
         else:
+            if self.max_num_batched_tokens is not None:
+                kw["max_num_batched_tokens"] = self.max_num_batched_tokens
             kw["tensor_parallel_size"] = self.tensor_parallel_size
             if self.tensor_parallel_size > 1:
                 kw["distributed_executor_backend"] = "mp"

@@ -11,7 +11,7 @@ start, end)` over output-token indices, set on the final output. This is exact, 
 timing: a "keep" pause completes only once the engine has no work left (batch queue drained, output
 queue flushed), the label changes only while paused, and so every token sampled by the old weights
 was emitted -- and labelled -- before the label changed, and every token after the resume carries
-the new one. (With `weight_sync.clear_cache` true, the default, the KV of kept requests is
+the new one. (With `weight_sync.clear_cache` true, the default on CPU engines, the KV of kept requests is
 recomputed with the new weights on resume, so tokens after the update depend on the new weights
 only; false keeps the request's own old KV, and requests share cached prefixes only with requests salted with the
 same weight version, `actors.generate.request_prompt`.) The actor sets the label to its initial version when the engine

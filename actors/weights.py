@@ -46,9 +46,14 @@ class WeightUpdates:
         serving = self.version if str(label).lstrip("-").isdigit() else None
         clock = getattr(getattr(self, "sampler", None), "clock", None)  # a push's pause stops the deadlines' clock
         self.receiver = WeightReceiver(pausing(self.engine, clock), host, port, token=token, name=self.name,
-                                       initial_version=serving, clear_cache=self.cfg.weight_sync.clear_cache,
+                                       initial_version=serving, clear_cache=self.clears_cache,
                                        on_update=self._loaded)
         return await self.receiver.init()
+
+    @property
+    def clears_cache(self) -> bool:
+        """`weight_sync.clear_cache` for this actor's engine (auto: true on CPU, false on GPUs)."""
+        return self.cfg.weight_sync.resolved_clear_cache(gpu=not self.spec.cpu)
 
     @property
     def serves_a_version(self) -> bool:

@@ -11,6 +11,15 @@ from buffer.settings import FILTERS
 from configs.base import Section
 
 AUTO_START = 1  # versions: the K `max_staleness: auto` starts from (K = 0 always makes the learner wait)
+CAPACITY_FLOOR_GROUPS = 256  # `capacity_groups: auto` never gives less (the fixed default it replaced)
+ACTOR_CREDIT_GROUPS = 32  # groups of room per actor under `capacity_groups: auto`: a 7B engine on an 80 GB GPU holds
+# ~223 sequences of 1024 + 3072 tokens (configs/concurrency.py's H100 figure), 27 prompts at n 8; 32 covers that,
+# and 256 / 32 = 8 actors keep exactly the capacity of before
+
+
+def auto_capacity_groups(actors: int) -> int:
+    """`buffer.capacity_groups: auto`: max(CAPACITY_FLOOR_GROUPS, ACTOR_CREDIT_GROUPS × actors)."""
+    return max(CAPACITY_FLOOR_GROUPS, ACTOR_CREDIT_GROUPS * actors)
 
 
 class BufferConfig(Section):
@@ -22,7 +31,19 @@ class BufferConfig(Section):
                            "(launch/loop/staleness_auto.py), every few steps, never lowering it, up to max_staleness_cap; "
                            "max_staleness is where K starts")
     max_staleness_cap: int = Field(4, ge=0, description="versions: the largest K max_staleness_auto may choose")
-    capacity_groups: int = Field(256, gt=0, description="groups (prompts) the buffer holds before back-pressure")
+    capacity_groups: int | Literal["auto"] = Field(
+        "auto", description="groups (prompts) the buffer holds, stored + credited in flight, before back-pressure; "
+                            f"auto = max({CAPACITY_FLOOR_GROUPS}, {ACTOR_CREDIT_GROUPS} × rollout.num_actors), "
+                            "decided when the config is read (config.yaml records the number): the credit window "
+                            "W = min((K + 1) × learner.batch_prompts, this) grows with the actors instead of "
+                            "leaving 32 GPU engines 8 prompts each")
+
+    @field_validator("capacity_groups")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if v != "auto" and v <= 0:
+            raise ValueError(f"expects 'auto' or a number of groups > 0, got {v}")
+        return v
     filter: Literal[FILTERS] = Field(
         "none", description="group filter: drop all-0/all-1 groups, or keep acc_lo ≤ mean ≤ acc_hi")
     acc_lo: float = Field(0.2, ge=0, le=1, description="accuracy_window lower bound (inclusive)")

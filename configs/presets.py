@@ -35,6 +35,13 @@ Where each value comes from (docs/running.md "Presets that fit the model" has th
       and vLLM 0.32's own offline default on GPUs of 70 GiB or more (EngineArgs.get_batch_defaults); an
       AsyncLLM (this project's engines, UsageContext.ENGINE_CONTEXT) otherwise schedules at most
       SchedulerConfig.DEFAULT_MAX_NUM_SEQS = 128 sequences at once.
+  rollout.engine.max_num_batched_tokens 8192: veRL's rollout default (rollout.yaml, max_num_batched_tokens),
+      and vLLM 0.32's own default for its OpenAI server on GPUs of 70 GiB or more that are not A100s
+      (EngineArgs.get_batch_defaults; its offline LLM class gets 16384 there). An AsyncLLM otherwise falls back
+      to SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048, so new prompts (a 1024-token prompt group is
+      1024 tokens) and re-prefills went through in 2048-token slices. Why not 16384: every step that carries a
+      prefill chunk also carries the decode token of each running sequence (~200 at 4k tokens on an 80 GB
+      GPU), which then waits for the whole chunk: 8192 keeps that step a few times a decode step.
   rollout.prompts_in_flight auto: each engine's concurrency sized from its KV cache and the staleness
       credit (`configs.concurrency`); the tiny model's YAMLs keep the 16 measured on CPU.
 
@@ -57,6 +64,7 @@ REAL_MODEL: dict[str, Any] = {  # dotted key -> value for a user's model (source
     "rollout.max_response_tokens": 3072,
     "learner.micro_batch_tokens": 16384,
     "rollout.engine.max_num_seqs": 1024,
+    "rollout.engine.max_num_batched_tokens": 8192,
     "rollout.prompts_in_flight": "auto",
 }
 REAL_MODEL_BY_ALGO: dict[str, dict[str, Any]] = {  # an algorithm's own real-model values, over REAL_MODEL's

@@ -20,7 +20,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 import algos
 from configs.algo_sections import SECTIONS
 from configs.base import Section
-from configs.buffer_section import BufferConfig
+from configs.buffer_section import BufferConfig, auto_capacity_groups
 from configs.data_section import DataConfig
 from configs.shared import (
     LearnerConfig,
@@ -72,6 +72,8 @@ class _SharedConfig(Section):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> _SharedConfig:
+        if self.buffer.capacity_groups == "auto":  # the buffer's room grows with the actors (configs.buffer_section)
+            self.buffer.capacity_groups = auto_capacity_groups(self.rollout.num_actors)
         problems = list(self.problems())
         if problems:
             raise ValueError("; ".join(problems))

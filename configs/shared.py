@@ -89,6 +89,11 @@ class RolloutEngineConfig(Section):
         None, ge=1, description="sequences an engine schedules at once (vLLM max_num_seqs); null = vLLM's default, "
                                 "128 for this project's AsyncLLM engines (vLLM 0.32). An actor keeps "
                                 "rollout.prompts_in_flight × rollout.n samples in flight")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens an engine schedules in one step, prefill chunks and decode tokens together "
+                                "(vLLM max_num_batched_tokens); null = vLLM's default on GPUs, 2048 for this "
+                                "project's AsyncLLM engines (vLLM 0.32). On CPU engines (chunked prefill off) at "
+                                "least the longest context: max(this or 4096, prompt + response tokens)")
     enforce_eager: bool | None = Field(
         None, description="no torch.compile / CUDA graphs (vLLM enforce_eager); null = true on CPU (compiling takes "
                           "minutes and gains little for small models), false on GPUs")
@@ -271,8 +276,10 @@ class WeightSyncConfig(Section):
                                "the push stats' gbps): an NCCL push, one broadcast, must finish within deadline_s + its "
                                "bytes / this (0.1 ≈ a 1 GbE link: 7B in bf16, 15.2 GB, gets 60 + 152 s)")
     connect_timeout_s: float = Field(300.0, gt=0, description="the weight-sync rendezvous must finish within this, s")
-    clear_cache: bool = Field(
-        True, description="drop the engines' KV/prefix cache at each push. true: requests in flight are re-prefilled "
+    clear_cache: bool | Literal["auto"] = Field(
+        "auto", description="drop the engines' KV/prefix cache at each push. auto = true on CPU engines (measured "
+                          "there), false on GPU engines (a 7B engine would re-prefill every sequence in flight, "
+                          "seconds of its time per push); resolved at launch. true: requests in flight are re-prefilled "
                           "on resume, so tokens after a push depend on the new weights only; costs a prefill of every "
                           "request in flight per push. false: no re-prefill: a token sampled after a push attends to "
                           "the KV its own request computed before it, and prefix caching stays on with every request "
@@ -282,6 +289,10 @@ class WeightSyncConfig(Section):
                           "its first token's, unless a push lands while it waits in the engine's queue); the "
                           "behaviour log-probs are what was sampled from (weightsync.receiver.WeightReceiver, "
                           "actors.generate.request_prompt)")
+
+    def resolved_clear_cache(self, gpu: bool) -> bool:
+        """`clear_cache` for a GPU engine (`gpu`) or a CPU one: auto = false / true."""
+        return (not gpu) if self.clear_cache == "auto" else self.clear_cache
 
 
 class LossConfig(Section):

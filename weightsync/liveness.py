@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from weightsync.protocol import connect_store, group_store, key_abort, key_heartbeat
+from weightsync.protocol import connect_store, group_store, key_abort, key_heartbeat, key_unformed
 
 HEARTBEAT_PERIOD_S = 0.25
 
@@ -28,6 +28,21 @@ def abort_probe(store: dist.Store, seq: int) -> Callable[[], str | None]:
             return store.get(key).decode() if store.check([key]) else None
         except Exception as e:  # the sender's store is gone: so is the sender
             return f"sender unreachable ({e})"
+
+    return probe
+
+
+def unformed_probe(store: dist.Store) -> Callable[[], str | None]:
+    """``cancelled`` callback for a receiver's rendezvous: why the sender gave up on forming the group (its
+    ``unformed`` key), if it did."""
+    key = key_unformed()
+
+    def probe() -> str | None:
+        try:
+            why = store.get(key).decode() if store.check([key]) else None
+        except Exception as e:  # the sender's store is gone: so is the sender
+            why = f"sender unreachable ({e})"
+        return None if why is None else f"was cancelled: the learner gave up on this group ({why})"
 
     return probe
 

@@ -33,12 +33,18 @@ Group keys, under the public prefix ``group_prefix(token, nonce)`` (signed and s
   push/<k>                    JSON {version, info} announcing the k-th push (k = 1, 2, ...); ``info``
                               is the data plane's update_info, handed on to ``update_weights``
   progress/<k>/<r>            buckets of push k that rank r has received (a counter)
+  joined/<k>/<r>              workers of rank r that entered push k's transfer (a counter; NCCL plane:
+                              ``push_outcome.push_failure_probe`` names a rank that never does)
   ack/<k>/<r>, nack/<k>/<r>   JSON outcome of push k on rank r (loaded version, or the error)
   outcomes/<k>                counter: each receiver, after writing its ack (nack) of push k, adds 1
                               (``NACK_STEP``) to it (``post_ack``, ``post_nack``), so the sender waits
                               on this one key instead of polling every receiver's (``outcome_counts``)
   abort/<k>                   set by the sender when it gives up on push k, so the surviving
                               receivers stop waiting at once instead of at their gloo timeout
+  unformed                    set by the sender (its reason) when it gives up on forming the group
+                              (its ``connect`` failed, or it was closed first): a worker still in the
+                              data plane's rendezvous (``weightsync.nccl.engine``) leaves it at once
+                              instead of holding its engine core for ``connect_timeout_s``
   weightsync/gloo/...         the gloo group's own rendezvous keys (``weightsync.gloo.group``)
 
 Who may join: the sender admits a peer only if its proof matches (HMAC-SHA256 with the run's
@@ -123,6 +129,10 @@ def key_progress(seq: int, rank: int) -> str:
     return f"progress/{seq}/{rank}"
 
 
+def key_joined(seq: int, rank: int) -> str:
+    return f"joined/{seq}/{rank}"
+
+
 def key_abort(seq: int) -> str:
     return f"abort/{seq}"
 
@@ -137,6 +147,10 @@ def key_nack(seq: int, rank: int) -> str:
 
 def key_outcomes(seq: int) -> str:
     return f"outcomes/{seq}"
+
+
+def key_unformed() -> str:
+    return "unformed"
 
 
 def post_ack(store: dist.Store, seq: int, rank: int, ack: dict) -> None:

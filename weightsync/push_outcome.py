@@ -21,12 +21,16 @@ from weightsync.protocol import (
     describe_receiver,
     get_json,
     key_ack,
+    key_joined,
     key_nack,
     key_progress,
     outcome_counts,
 )
 
 ACK_STALL_S = 10.0  # a loading receiver silent this long is dead (generous: 2 busy cores can starve a beat)
+JOIN_S = 30.0  # a receiver that has not entered an NCCL push this long after its announcement, while others have,
+# is stalled before it (its actor loop or engine core): a healthy engine enters within a pause (< 1 s; seconds
+# when its current step is a long prefill), and 30 s is the progress deadline's floor (actors.deadlines)
 
 
 ACK_POLL_S = 0.05  # how often the sender reads the outcome counter (one store round trip)
@@ -78,35 +82,56 @@ def wait_acks(store: dist.Store, receivers: dict[int, dict], seq: int, version: 
         time.sleep(ACK_POLL_S)
 
 
-def push_failure_probe(store: dist.Store, ranks: list[int], seq: int) -> Callable[[], str | None]:
+def push_failure_probe(store: dist.Store, ranks: list[int], seq: int, joins: int | None = None
+                       ) -> Callable[[], str | None]:
     """A ``cancelled`` probe for a data plane that holds every receiver in one transfer (NCCL's
-    broadcast, ``weightsync.nccl.plane``): why push ``seq`` cannot complete, or None.
+    broadcast, ``weightsync.nccl.plane``): why push ``seq`` cannot complete, or None. The receivers it
+    names, rank -> why, are in the probe's ``blamed`` (for the error's ``failed_ranks``).
 
     Why: a receiver that fails while loading (it posts a nack) or dies mid-push (its heartbeat stops)
     leaves the broadcast, and the sender and every other engine then wait in it, paused, until the
     push's deadline: 60 s + 15.2 GB at 0.1 GB/s = 212 s for a 7B model at the defaults, per failed
     push. This probe gives the reason at the first nack, or once a receiver without an ack has had no
-    heartbeat for ACK_STALL_S, so the sender aborts within seconds. Costs what ``wait_acks`` costs:
-    one store call (``outcomes/<k>``) per call (the plane polls every 50 ms), plus the heartbeats of
-    ``ranks`` once per ACK_SCAN_S."""
+    heartbeat for ACK_STALL_S, so the sender aborts within seconds.
+
+    ``joins``: workers per receiver that count themselves into ``joined/<k>/<r>`` as they enter the push
+    (the NCCL engine: TP x PP of them; None: not watched). A receiver alive but never entering (its actor
+    loop or engine core stalled) was caught by nothing but the deadline, after which nobody could be blamed
+    (review gpu_path_3 F3). JOIN_S after the probe was made (the announcement) such a receiver is named,
+    provided some other receiver entered: when none did, the cause is shared (the announcement, the network),
+    and naming every receiver would replace the whole fleet; the deadline, then the driver's one retry on a
+    rebuilt group (``launch.state.recovery``), handle that. Costs what ``wait_acks`` costs: one store call
+    (``outcomes/<k>``) per call (the plane polls every 50 ms), plus the heartbeats of ``ranks`` (and, after
+    JOIN_S, their ``joined`` counters) once per ACK_SCAN_S."""
     watch = HeartbeatWatch(store, ACK_STALL_S)
     next_scan = time.monotonic()
+    join_by = time.monotonic() + JOIN_S
 
     def probe() -> str | None:
         nonlocal next_scan
         if outcome_counts(store, seq)[1]:
             nack = _first_nack(store, ranks, seq)
             if nack is not None:
-                return f"was cancelled: {describe_receiver(store, nack[0])} failed to load it: {nack[1]}"
+                return blame(nack[0], f"failed to load it: {nack[1]}")
         if time.monotonic() < next_scan:
             return None
         next_scan = time.monotonic() + ACK_SCAN_S
         for r in watch.stalled(ranks):
             if not store.check([key_ack(seq, r)]):
-                return (f"was cancelled: {describe_receiver(store, r)} has had no heartbeat for "
-                        f"{ACK_STALL_S:.0f} s (process dead or frozen)")
+                return blame(r, f"has had no heartbeat for {ACK_STALL_S:.0f} s (process dead or frozen)")
+        if joins is not None and time.monotonic() >= join_by:
+            entered = {r: store.add(key_joined(seq, r), 0) >= joins for r in ranks}
+            late = [r for r, ok in entered.items() if not ok and not store.check([key_ack(seq, r)])]
+            if late and len(late) < len(ranks):
+                return blame(late[0], f"did not enter push #{seq} within {JOIN_S:.3g} s of its announcement while "
+                                      "the others wait in it (its actor loop or engine core is stalled)")
         return None
 
+    def blame(rank: int, why: str) -> str:
+        probe.blamed[rank] = why
+        return f"was cancelled: {describe_receiver(store, rank)} {why}"
+
+    probe.blamed = {}
     return probe
 
 

@@ -64,6 +64,7 @@ from weightsync.protocol import (
     key_plane,
     key_push,
     key_rank,
+    key_unformed,
     key_worker,
     maybe_json,
     new_nonce,
@@ -248,18 +249,20 @@ class WeightSender:
             missing = sorted(set(ranks) - set(self.registered()))
             if not missing:
                 break
+            if self._broken:  # closed from another thread (the driver rebuilds the group)
+                raise self._give_up(WeightSyncError(f"weight-sync group abandoned before it formed: {self._broken}"))
             if time.monotonic() > deadline:
-                raise WeightSyncError(
+                raise self._give_up(WeightSyncError(
                     f"only {self.num_receivers - len(missing)} of {self.num_receivers} receivers registered "
                     f"at {self.address} within {self.connect_timeout_s:.0f} s; missing ranks {missing}",
                     failed_ranks={r: "never registered" for r in missing},
-                )
+                ))
             time.sleep(0.05)
         try:
             self.plane.connect(max(1.0, deadline - time.monotonic()))
         except RuntimeError as e:
-            raise WeightSyncError(f"{self.plane.backend} rendezvous with {self.num_receivers} receivers failed: "
-                                  f"{e}") from e
+            raise self._give_up(WeightSyncError(f"{self.plane.backend} rendezvous with {self.num_receivers} "
+                                                f"receivers failed: {e}")) from e
         self._connected = True
         # worker/<r> is written by our gloo engine only (another plane's engine may not say who it is)
         self.receivers = {r: {**get_json(self._store, key_rank(r)), "worker": maybe_json(self._store, key_worker(r))}
@@ -377,7 +380,16 @@ class WeightSender:
         suspects = {self.receivers[r].get("name", str(r)): why for r, why in failed.items() if r in self.receivers}
         return WeightSyncError(msg, failed_ranks=failed, suspects=suspects)
 
+    def _give_up(self, err: WeightSyncError) -> WeightSyncError:
+        """The group will not form: say why under ``unformed`` (receivers still in the data plane's rendezvous
+        leave it at once: ``liveness.unformed_probe``); returns ``err``."""
+        with contextlib.suppress(Exception):  # best effort: a receiver's own deadline still ends its wait
+            self._store.set(key_unformed(), str(err)[:2000])
+        return err
+
     def close(self) -> None:
+        if not self._connected:
+            self._give_up(WeightSyncError("the sender was closed before its group formed"))
         self.plane.abort()
         self._broken = self._broken or "closed"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from configs.concurrency import engine_load
 from configs.schema import RunConfig
+from launch.doctor.probes import nccl_bootstrap_interface
 from launch.doctor.report import Check
 from launch.planning.engine_load import gpu_engine_load, idle_warning
 from launch.planning.memory_estimate import LearnerMemory, micro_batch_tokens, run_memory
@@ -142,7 +143,7 @@ def facts_checks(node: str, facts: dict, driver: dict, cluster: bool, gpus: bool
                          "put the run folder, model and data on a filesystem every node mounts at the same path"))
     else:
         out.append(Check(node, "storage", "PASS", "reads the driver's file and every path the run names"))
-    out.append(_iface_check(node, facts["ifaces"], cluster, gpus, learner_ranks))
+    out.append(_iface_check(node, facts["ifaces"], cluster, gpus, learner_ranks, facts.get("nccl_ifaces")))
     return out
 
 
@@ -154,13 +155,17 @@ def _version_of(versions: dict, dist: str) -> str:
     return versions[dist]
 
 
-def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool, learner_ranks: int) -> Check:
+def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool, learner_ranks: int,
+                 nccl_ifaces: list | None = None) -> Check:
     """GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME on GPU nodes) of the node's Ray. A variable naming an
     interface the node lacks fails whatever the run (gloo and NCCL bind only the interfaces named). Unset,
-    they matter only to a learner of several ranks on a cluster: its ranks' process group binds the
-    address the hostname resolves to (often loopback). A one-rank learner makes no sockets for its group
-    (`learner.distributed.init_distributed`), and the weight sync binds the learner node's address as
-    Ray reports it (gloo; NCCL picks a non-loopback interface itself)."""
+    GLOO_SOCKET_IFNAME matters only to a learner of several ranks on a cluster: its ranks' process group binds
+    the address the hostname resolves to (often loopback). A one-rank learner makes no sockets for its group
+    (`learner.distributed.init_distributed`), and the gloo weight sync binds the learner node's address as Ray
+    reports it. NCCL_SOCKET_IFNAME unset on a GPU node: NCCL's bootstrap binds an interface of its own choice
+    (`probes.nccl_bootstrap_interface`: `ib*` first), whose address the unique id carries to every engine; on a
+    multi-homed node that may not be the address Ray advertises (`node`), which the other nodes can reach:
+    WARN, naming the interface of Ray's address (review gpu_path_3 F9)."""
     if not cluster:
         return Check(node, "interfaces", "PASS", "one machine: every service on loopback")
     needed = ["GLOO_SOCKET_IFNAME"] + (["NCCL_SOCKET_IFNAME"] if gpus else [])
@@ -169,13 +174,22 @@ def _iface_check(node: str, ifaces: dict, cluster: bool, gpus: bool, learner_ran
     if absent:
         return Check(node, "interfaces", "FAIL", "no such interface on this node: " + ", ".join(absent),
                      "name the cluster network's interface of this node, then restart its `ray start`")
+    nccl = nccl_bootstrap_interface(nccl_ifaces) if "NCCL_SOCKET_IFNAME" in unset and nccl_ifaces else None
+    if nccl is not None and nccl[1] != node:
+        rays = next((name for name, ip in nccl_ifaces if ip == node), None)
+        return Check(node, "interfaces", "WARN", f"NCCL_SOCKET_IFNAME not set: NCCL's bootstrap would bind "
+                     f"{nccl[0]} ({nccl[1]}), not this node's address as Ray advertises it ({node}): engines on "
+                     "other nodes may never reach it (the weight-sync rendezvous then hangs for "
+                     "weight_sync.connect_timeout_s)", f"export NCCL_SOCKET_IFNAME={rays or 'IFACE'} before `ray "
+                     f"start` on every node (the interface of {node})")
+    said = f"; NCCL's bootstrap binds {nccl[0]} ({nccl[1]}), Ray's address" if nccl is not None else ""
     if unset and learner_ranks > 1:
         return Check(node, "interfaces", "WARN", f"{', '.join(unset)} not set in Ray's environment: the "
                      f"{learner_ranks} learner ranks' process group binds the address the hostname resolves to "
-                     "(often loopback)", f"export {unset[0]}=IFACE before `ray start` on every node")
+                     f"(often loopback){said}", f"export {unset[0]}=IFACE before `ray start` on every node")
     if unset:
         return Check(node, "interfaces", "PASS", f"{', '.join(unset)} not set, not needed: one learner rank "
-                     "(no sockets for its group; the weight sync binds the learner node's address)")
+                     f"(no sockets for its group; the weight sync binds the learner node's address){said}")
     return Check(node, "interfaces", "PASS", ", ".join(f"{v}={ifaces[v][0]}" for v in needed))
 
 

@@ -54,7 +54,8 @@ def node_facts(probe_file: str | None, token: str, paths: list[str]) -> dict:
     except ImportError:
         pass
     return {"host": socket.gethostname(), "versions": versions, "shared": shared,
-            "missing": [p for p in paths if not Path(p).exists()], "ifaces": nets, "gpu_bytes": gpus}
+            "missing": [p for p in paths if not Path(p).exists()], "ifaces": nets, "gpu_bytes": gpus,
+            "nccl_ifaces": ipv4_interfaces()}
 
 
 def _one_pass(config: dict, layers: int, tokens: int, dtype_name: str, chunk: int, device) -> tuple[int, int, float]:
@@ -115,6 +116,32 @@ def learner_memory(config: dict, tokens: int, dtype_name: str, chunk: int, devic
 def host_memory() -> int:
     """This node's physical memory in bytes (what learner rank 0's pinned staging competes for)."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def ipv4_interfaces() -> list[tuple[str, str]]:
+    """(name, first IPv4 address) of this node's interfaces that have one, in the order the system lists them
+    (getifaddrs, through psutil, which Ray depends on): what NCCL chooses from (`nccl_bootstrap_interface`)."""
+    import psutil
+
+    out = []
+    for name, addrs in psutil.net_if_addrs().items():
+        ip = next((a.address for a in addrs if a.family == socket.AF_INET), None)
+        if ip is not None:
+            out.append((name, ip))
+    return out
+
+
+def nccl_bootstrap_interface(ifaces: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The (name, address) NCCL's bootstrap binds when NCCL_SOCKET_IFNAME is unset, among `ifaces` in the system's
+    order: the first `ib*` interface, else the first that is neither `docker*` nor `lo*`, else a docker one, else
+    loopback (NCCL's `ncclFindInterfaces` order; IPv4 only here). Learner rank 0 puts that address into the
+    unique id it mints, and every engine's worker connects to it, whatever address Ray advertises."""
+    for fits in (lambda n: n.startswith("ib"), lambda n: not n.startswith(("docker", "lo")),
+                 lambda n: n.startswith("docker"), lambda n: n.startswith("lo")):
+        for name, ip in ifaces:
+            if fits(name):
+                return name, ip
+    return None
 
 
 def probe_env() -> dict:

@@ -166,7 +166,8 @@ class WeightPeer:
             serving = int(label) if str(label).lstrip("-").isdigit() else None
             self.receiver = WeightReceiver(self.host.engine, host, port, token=token, name="doctor-engine",
                                            initial_version=serving,
-                                           clear_cache=self.cfg.weight_sync.clear_cache)
+                                           clear_cache=self.cfg.weight_sync.resolved_clear_cache(
+                                               gpu=not self.host.spec.cpu))
             rank = await self.receiver.init()
             self._follow = asyncio.create_task(self.receiver.run())
             return rank

@@ -18,7 +18,9 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
   frozen(P) = P × d / world + R × d: a frozen model sharded with FSDP2 over the ranks, whose root unit
   (its embedding and head) is whole while it runs; P × d on a world of one (unsharded).
   rank 0 only, on the GPU:
-    send buffers       2 × max(bucket, largest tensor)   vLLM's packed producer buffers
+    send buffers       (slots + 1) × max(bucket, largest tensor)   vLLM's packed producer (2 slots): one slot's
+                                             bucket in flight while the other holds the next tensor's device
+                                             copy and its torch.cat (`packed_tensor.pack_tensors`)
   rank 0 only, in pinned host memory (`weightsync.staging`: nothing of a push stays on the GPU):
     push staging       `pinned_host_bytes`: the payload P × d in full mode, twice that in delta mode
                                              (the patch arena beside the payload, which is the baseline)
@@ -28,7 +30,9 @@ layer) may be given measured instead (`algo-train doctor` measures bytes per tok
 everything else is this arithmetic, which the run's start line and the doctor share. Not counted: PRIME's
 trainable PRM, the PRM's forward transients (batched by the same token budget as the policy's
 micro-batches, and not alive while the policy trains), CUDA and NCCL workspaces, allocator
-fragmentation. Qwen2.5-7B on 8 ranks, 16 k-token micro-batches, chunk 4096, full pushes: rank 0 ≈ 42 GB
+fragmentation; the gathered copies of a push waiting for their copy to host during `prepare` (between steps,
+up to the payload in the worst case; review gpu_path_3 F10). Qwen2.5-7B on 8 ranks, 16 k-token micro-batches,
+chunk 4096, full pushes: rank 0 ≈ 43 GB
 on its GPU (the appendix's 57 GB less the 15.2 GB payload, which now waits in host memory) plus 15.2 GB
 of pinned host memory, 30.5 GB in delta mode (tests/launch/test_memory_estimate.py works it out).
 """
@@ -42,6 +46,7 @@ from configs.schema import RunConfig
 from launch.planning.model_shape import DTYPE_BYTES, ModelShape
 
 GB = 1e9
+PRODUCER_SLOTS = 2  # the NCCL plane's packed buffers (weightsync.nccl.plane.DEFAULT_NUM_BUFFERS, vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: 
     if reference:
         every.append(("reference", frozen(shape)))
     every += [("HF PRM", frozen(s)) for s in aux]
-    rank0 = [("send buffers", 2 * max(bucket_bytes, shape.vocab * h * d))]
+    rank0 = [("send buffers", (PRODUCER_SLOTS + 1) * max(bucket_bytes, shape.vocab * h * d))]
     host = [("push staging", pinned_host_bytes(p * d, delta))]
     return LearnerMemory(tuple(every), tuple(rank0), tuple(host))
 

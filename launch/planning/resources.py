@@ -18,7 +18,8 @@ of a scheduler waiting forever. Pure: tests pass declared nodes, no Ray needed.
 
 `resolve_auto(cfg, nodes)` decides the "auto" settings against the same nodes (see its docstring). A plan
 that fits carries the start lines the run prints (`Plan.notes`): GPU engines that the staleness credit or
-the actor count leaves mostly idle, with the fix (`launch.planning.engine_load`).
+the actor count leaves mostly idle, with the fix (`launch.planning.engine_load`), and how many actors the
+learner can feed (`launch.planning.feed_rate`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from configs.concurrency import CPU_PROMPTS_IN_FLIGHT
 from configs.schema import RunConfig
 from configs.shared import GPU_MEMORY_UTILIZATION
 from launch.planning.engine_load import idle_note
+from launch.planning.feed_rate import feed_note
 
 ENGINE_OVERHEAD_GIB = 1.5  # measured RSS of one vLLM-CPU engine (tiny model) beyond its KV cache
 LEARNER_OVERHEAD_GIB = 1.0
@@ -98,7 +100,8 @@ class Plan:
     actors: int
     rank_strategy: str  # "STRICT_PACK" (all ranks on one node) or "PACK"
     layout: tuple[tuple[str, int, int], ...]
-    notes: tuple[str, ...] = ()  # start lines: GPU engines the credit leaves mostly idle (`engine_load.idle_note`)
+    notes: tuple[str, ...] = ()  # start lines: GPU engines the credit leaves mostly idle (`engine_load.idle_note`),
+    # the actors the learner can feed (`feed_rate.feed_note`)
 
     def summary(self) -> str:
         where = ", ".join(f"{n}: {r} rank(s) + {a} actor(s)" for n, r, a in self.layout)
@@ -132,6 +135,7 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         weight_sync.backend     auto -> nccl when learner ranks and actors both have GPUs and every actor
                                         has whole GPUs, else gloo (engines sharing a GPU: `sharing_note`)
         rollout.kv_cache_gib    null -> 1 GiB on CPU engines (null on GPUs: by gpu_memory_utilization)
+        weight_sync.clear_cache auto -> false on GPU engines (pushes keep the salted prefix cache), true on CPU
         rollout.engine.gpu_memory_utilization  null -> 0.85 on GPU engines without rollout.kv_cache_gib
         learner.logprob_chunk_tokens  auto -> 1024 on GPU learner ranks, 4096 on CPU
         learner.micro_batch_tokens    auto -> 16384 on GPU learner ranks, null on CPU
@@ -160,6 +164,7 @@ def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
         out.weight_sync.backend = "nccl" if both_gpu and not shared_gpu else "gloo"
     engine_gpu, rank_gpu = r.gpus_per_actor > 0, lr.gpus_per_rank > 0
     r.kv_cache_gib = r.resolved_kv_cache_gib(engine_gpu)
+    out.weight_sync.clear_cache = out.weight_sync.resolved_clear_cache(engine_gpu)
     if engine_gpu and r.kv_cache_gib is None and r.engine.gpu_memory_utilization is None:
         r.engine.gpu_memory_utilization = GPU_MEMORY_UTILIZATION
     lr.logprob_chunk_tokens = lr.resolved_logprob_chunk_tokens(rank_gpu)
@@ -320,8 +325,9 @@ def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False) -> Plan:
     strategy, pr, pa = _place(nodes, ranks, actors, rank_b, actor_b)
     if sum(pr) == ranks and sum(pa) == actors:
         layout = tuple((n.name, r, a) for n, r, a in zip(nodes, pr, pa) if r or a)
-        idle = idle_note(cfg, [n for n, a in zip(nodes, pa) if a], actors)
-        return Plan(rank_b, actor_b, ranks, actors, strategy, layout, notes=(idle,) if idle else ())
+        actor_nodes = [n for n, a in zip(nodes, pa) if a]
+        notes = (idle_note(cfg, actor_nodes, actors), feed_note(cfg, [n for n, r in zip(nodes, pr) if r], actor_nodes, actors))
+        return Plan(rank_b, actor_b, ranks, actors, strategy, layout, notes=tuple(n for n in notes if n))
     asked = (f"{ranks} learner rank(s) × [{rank_b.describe()}] packed (one node when they fit) + "
              f"{actors} actor(s) × [{actor_b.describe()}] spread over the nodes; each bundle must fit on one node")
     have = "; ".join(n.describe() for n in nodes)

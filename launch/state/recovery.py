@@ -304,17 +304,45 @@ class Recovery:
         except Exception as e:
             return self._blame(e)
 
-    def _blame(self, error: Exception) -> dict[int, str]:
+    def _blame(self, error: Exception, retry: bool = True) -> dict[int, str]:
         """{actor: why} of the actors a failed weight-sync call implicates: dead by the health check, or
-        named by the error (alive but stuck in the push = dead too); `error` is raised again when none is."""
+        named by the error (alive but stuck in the push = dead too). When none is, the push is retried once on a
+        rebuilt group (`_retry_unblamed`; with `retry` False, or when that fails too, `error` is raised)."""
         stats, dead = self.graph.actor_stats()
         dead = push_suspects(error, len(self.graph.actors)) | dead
         if not dead:  # a push no receiver explains: one whose engine core is stopped hangs the broadcast for all
             dead = self.graph.silent_engines()
         if not dead:
-            raise error
+            if not retry:
+                raise error
+            return self._retry_unblamed(error)
         self.reports.update(stats)
         return dead
+
+    def _retry_unblamed(self, error: Exception) -> dict[int, str]:
+        """A push failed and no actor is to blame: every actor answers, beats and nacked nothing (a transport
+        hang inside the broadcast: an IB link flap, a blocked NCCL proxy thread). Rebuild the weight-sync group
+        and push the current version once more, dense (a new sender's first push): a transient fault then costs
+        one rebuild instead of a stopped run and a restart from the last checkpoint. One console line says
+        which way it went; {actor: why} of actors the retry blames, {} when it worked; raises when it failed
+        with nobody to blame again."""
+        version = self.position.version
+        said = (f"[weights] a weight push failed and no actor is to blame ({first_line(error)}); the weight-sync "
+                f"group was rebuilt and version {version} pushed dense")
+        try:
+            self.graph.connect_weight_sync()
+            self.graph.push_weights(version)
+        except Exception as again:
+            try:
+                dead = self._blame(again, retry=False)
+            except Exception:
+                self.progress.message(f"{said}, which failed too ({first_line(again)}): the run stops")
+                raise
+            self.progress.message(f"{said}, which failed on actor(s) {', '.join(map(str, sorted(dead)))}: "
+                                  "they are replaced")
+            return dead
+        self.progress.message(f"{said} to {len(self.graph.live)} actor(s): the run goes on")
+        return {}
 
     def settle_push(self) -> dict | None:
         """Wait for the weight push in flight (it travels while the learner pulls and trains the next

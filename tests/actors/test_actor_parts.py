@@ -277,7 +277,7 @@ def test_a_request_is_salted_with_the_version_its_group_starts_under():
     assert plain.prompts == [{"prompt_token_ids": [5, 6]}]
 
 
-@pytest.mark.parametrize("clear_cache", [True, False])
+@pytest.mark.parametrize("clear_cache", [True, False, "auto"])  # auto: a CPU engine here, so true
 def test_an_actor_salts_only_when_pushes_keep_the_cache(clear_cache, monkeypatch, tmp_path):
     """The actor's wiring: salted by its own version (the one credit is asked at) when `weight_sync.clear_cache`
     is false; a later group after a push (the receiver moves `version`) by the new one."""

@@ -61,8 +61,12 @@ def test_the_idle_warning_names_the_fix():
     # batch ceil(224 / 5) = 45; or 80 // 28 = 2 actors sharing today's W
     assert fix == ("raise learner.batch_prompts to 45 or run 2 actors (--actors 2) (each engine then keeps ≥ 28 "
                    "prompts in flight)")
-    # 32 actors need 32 × 28 = 896 groups: past capacity_groups 256, which the fix raises too
+    # 32 actors need 32 × 28 = 896 groups: within capacity_groups auto (32 × 32 = 1024), so only the batch falls short
     _, fix = engine_load(real(actors=32), gpu=True, actors=32, kv_tokens=H100_7B_KV, max_num_seqs=1024).warning()
+    assert fix.startswith("raise learner.batch_prompts to 180 or run 2 actors")
+    # a capacity set to 256 is past: the fix raises it too
+    _, fix = engine_load(real("buffer.capacity_groups=256", actors=32), gpu=True, actors=32, kv_tokens=H100_7B_KV,
+                         max_num_seqs=1024).warning()
     assert fix.startswith("raise learner.batch_prompts to 180 and buffer.capacity_groups to 896 or run 2 actors")
     # the buffer's capacity is the limit: W = min(5 × 64, 64) = 64, 8 each; a batch of 45 would do, 64 is one
     _, fix = engine_load(real("learner.batch_prompts=64", "buffer.capacity_groups=64"), gpu=True, actors=8,

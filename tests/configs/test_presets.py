@@ -118,7 +118,8 @@ def test_dry_run_says_which_set_applied_and_why(tmp_path, capsys):
     assert main(["--algo", "pure", "--model", path, "--set", "learner.lr=2e-6", "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert err == (f"[presets] model.path is a user model ({path}): real-model values for "
-                   "learner.micro_batch_tokens=16384, rollout.engine.max_num_seqs=1024, rollout.prompts_in_flight=auto "
+                   "learner.micro_batch_tokens=16384, rollout.engine.max_num_seqs=1024, "
+                   "rollout.engine.max_num_batched_tokens=8192, rollout.prompts_in_flight=auto "
                    "(docs/running.md \"Presets that fit the model\"); fitted to its context of 2,048 tokens: data.max_prompt_tokens=512, "
                    "rollout.max_response_tokens=1536; yours: learner.lr=2e-06\n")
     assert "lr: 2.0e-06  # AdamW peak learning rate" in out and "prompts_in_flight: auto" in out
@@ -126,7 +127,8 @@ def test_dry_run_says_which_set_applied_and_why(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "[presets] model.path is null: the built-in tiny model, so configs/grpo.yaml's values, tuned for it "
         "(learner.lr=0.0001, data.max_prompt_tokens=256, rollout.max_response_tokens=128, "
-        "learner.micro_batch_tokens=auto, rollout.engine.max_num_seqs=null, rollout.prompts_in_flight=16)\n")
+        "learner.micro_batch_tokens=auto, rollout.engine.max_num_seqs=null, "
+        "rollout.engine.max_num_batched_tokens=null, rollout.prompts_in_flight=16)\n")
 
 
 def test_the_real_model_set_names_only_keys_of_the_schema():

@@ -191,9 +191,8 @@ def test_a_push_failed_by_a_dead_actor_is_replaced_in_the_background_while_train
         assert graph.calls == [("finish",), ("start", 2)]
 
         graph.dead, graph.fail_next_push, graph.calls = {}, True, []
-        with pytest.raises(RuntimeError, match="weight push #3"):  # no actor to blame: the error stands
-            driver._sync_weights()
-        assert graph.calls == [("finish",), ("probe",)]
+        assert driver._sync_weights() == {}  # no actor to blame: retried once on a rebuilt group (tests/launch/test_push_retry.py)
+        assert graph.calls == [("finish",), ("probe",), ("connect", [0, 1]), ("push", 2)]
     finally:
         driver.client.close()
 

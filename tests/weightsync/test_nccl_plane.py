@@ -52,13 +52,14 @@ SLACK_S = 5.0  # generous: the machine is shared; the point is "returns", not "r
 
 
 class FakeComm:
-    """Records broadcasts; with ``stall`` every broadcast blocks like a peer that never shows up,
+    """Records broadcasts; with ``stall`` every broadcast after the join's 1-element warm-up blocks like a peer that never shows up,
     until ``destroy`` (as ncclCommAbort ends stuck kernels) or, with ``abort_unblocks=False``, until
     the test's ``release``."""
 
     def __init__(self, stall: bool = False, abort_unblocks: bool = True):
         self.device = torch.device("cpu")
-        self.sent: list[torch.Tensor] = []
+        self.ops: list[tuple[int, int]] = []  # (elements, src) of every broadcast, the ring's warm-up included
+        self.sent: list[torch.Tensor] = []  # what was broadcast after the warm-up (the payload)
         self.destroyed = 0
         self.after_destroy = 0  # broadcasts issued once destroy began (undefined on a real communicator)
         self.stall, self.abort_unblocks = stall, abort_unblocks
@@ -66,6 +67,9 @@ class FakeComm:
 
     def broadcast(self, tensor, src, stream=None):
         assert src == 0
+        self.ops.append((tensor.numel(), src))
+        if len(self.ops) == 1 and tensor.numel() == 1:  # the ring's warm-up at the join (F6): every rank is there
+            return
         self.after_destroy += self.destroyed > 0
         self.sent.append(tensor.clone())
         if self.stall:
@@ -281,8 +285,8 @@ def test_stalled_peer_raises_within_deadline_and_aborts(abort_unblocks):
     plane.init_info(1)
     plane.connect(timeout_s=5)
     t0 = time.monotonic()
-    with pytest.raises(WeightSyncError, match=r"push #4\) did not finish within its 0.3 s deadline; NCCL "
-                                              r"communicator aborted"):
+    with pytest.raises(WeightSyncError, match=r"push #4\) did not finish within its 0.3 s deadline \(\d+ abandoned "
+                                              r"NCCL call\(s\) still blocked in this process\); NCCL communicator aborted"):
         plane.send(delta_payload(), timeout_s=0.3)
     assert time.monotonic() - t0 < 0.3 + SLACK_S
     assert comm.destroyed == 1
@@ -588,7 +592,8 @@ def test_a_push_is_cancelled_soon_after_a_receiver_fails(store, monkeypatch, fai
         why = r"was cancelled: rank 2 .* has had no heartbeat for 1 s \(process dead or frozen\)"
     t0 = time.monotonic()
     try:
-        with pytest.raises(WeightSyncError, match=rf"push #4\) {why}; NCCL communicator aborted"):
+        with pytest.raises(WeightSyncError, match=rf"push #4\) {why} \(\d+ abandoned NCCL call\(s\) still blocked in "
+                                                  r"this process\); NCCL communicator aborted"):
             plane.send(delta_payload(), timeout_s=30)
     finally:
         stop.set()

@@ -125,6 +125,7 @@ def test_the_plane_hands_the_prepare_event_to_the_delta_broadcast(monkeypatch, n
     ops = FakeOps()
     comm = CudaComm(ops)
     monkeypatch.setattr(nccl_plane, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(nccl_plane, "build_ring", lambda comm: comm)  # its warm-up would allocate on "cuda"
     plane = NcclPlane(1, communicator_factory=lambda uid, rank, world: comm,
                       mint_uid=lambda: bytes(NCCL_UNIQUE_ID_BYTES), ops=ops)
     plane.init_info(1)

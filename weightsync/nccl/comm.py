@@ -23,6 +23,16 @@ import torch
 from weightsync.protocol import WeightSyncError
 
 POLL_S = 0.05  # how often a deadline wait looks at its cancel probe
+_abandoned = [0]  # calls abandoned by `call_with_deadline` whose thread has not returned yet (under _count_lock)
+_count_lock = threading.Lock()
+
+
+def abandoned_calls() -> int:
+    """Threads of this process that `call_with_deadline` abandoned and that are still blocked in their call (a
+    rendezvous that never formed stays in ``ncclCommInitRank``, which NCCL offers no way to end; each failed
+    generation also leaves NCCL's bootstrap-root thread of its unique id on learner rank 0). Harmless unless
+    rebuilds fail in a loop: every deadline or cancel error states the count (review gpu_path_3 F11)."""
+    return _abandoned[0]
 
 T = TypeVar("T")
 
@@ -83,6 +93,28 @@ def on_device(device: torch.device | None):
     return torch.accelerator.device_index(device.index)
 
 
+def build_ring(comm: Communicator) -> Communicator:
+    """One 1-element broadcast from rank 0 on a communicator just joined (every rank of the group calls it, right
+    after its join), waited for; returns ``comm`` (destroyed, and the error raised, when it fails).
+
+    Why (review gpu_path_3 F6): NCCL since 2.22 connects lazily (``NCCL_RUNTIME_CONNECT``), and vLLM's warm-up
+    after the join is a 1-element all_reduce, for which NCCL picks tree/LL algorithms: the ring channels that
+    broadcast uses (IB queue pairs, P2P buffers) would be set up inside the first push's broadcast, a blocking
+    host call past the ``GatedCommunicator`` gate, where an abort is undefined and a transport fault names no
+    receiver. A broadcast here builds them while every rank is known to be in the rendezvous, under its
+    deadline, so a data-port problem fails the join (``WeightSyncUnformed``, naming the node) instead."""
+    try:
+        with on_device(comm.device):
+            comm.broadcast(torch.zeros(1, device=comm.device), src=0)
+            if comm.device.type == "cuda":
+                torch.accelerator.synchronize(comm.device.index)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            comm.destroy()
+        raise
+    return comm
+
+
 def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
                        cancelled: Callable[[], str | None] | None = None,
                        on_late: Callable[[T], None] | None = None) -> T:
@@ -105,6 +137,9 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
             box["result"], box["error"] = result, error
             late = box["abandoned"]
             done.set()
+        if late:
+            with _count_lock:
+                _abandoned[0] -= 1
         if late and error is None and on_late is not None:
             with contextlib.suppress(Exception):
                 on_late(result)
@@ -119,7 +154,10 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
             with lock:
                 if not done.is_set():
                     box["abandoned"] = True
-                    raise WeightSyncError(f"{what} {why}")
+                    with _count_lock:
+                        _abandoned[0] += 1
+                    raise WeightSyncError(f"{what} {why} ({abandoned_calls()} abandoned NCCL call(s) still "
+                                          "blocked in this process)")
     why = cancelled() if cancelled is not None else None
     if why is not None:  # cancelled while finishing: what it produced is not trusted
         raise WeightSyncError(f"{what} {why}") from box["error"]

@@ -12,7 +12,8 @@ What is vLLM's and what is ours:
   pushes share one group), a delta received in chunks that bound its memory (``sparse_update_infos``),
   the control-plane fields and liveness of ``weightsync.gloo.engine`` (this
   class extends it: worker key, ``Heartbeat``, layerwise-reload bookkeeping and its rollback on
-  failure), and deadlines: the rendezvous waits at most ``connect_timeout_s``, and a push is watched
+  failure), and deadlines: the rendezvous waits at most ``connect_timeout_s`` (less when the learner
+  gives up on the group first: its ``unformed`` key), and a push is watched
   so that the sender's abort key or ``timeout_s`` (+ ``RECEIVER_GRACE_S``) destroys the communicator
   (``ncclCommAbort`` ends the stuck kernels) instead of leaving the worker blocked in NCCL.
 
@@ -49,14 +50,15 @@ from vllm.distributed.weight_transfer.sparse_nccl_engine import (
 
 from weightsync.backends import NCCL_ENGINE_BACKEND
 from weightsync.gloo.engine import GlooWeightTransferEngine
-from weightsync.liveness import Heartbeat, abort_probe
-from weightsync.nccl.comm import GatedCommunicator, call_with_deadline, on_device
+from weightsync.liveness import Heartbeat, abort_probe, unformed_probe
+from weightsync.nccl.comm import GatedCommunicator, build_ring, call_with_deadline, on_device
 from weightsync.nccl.plane import KIND_DELTA, KIND_FULL
 from weightsync.protocol import (
     ABORTED_BY_SENDER,
     WeightSyncError,
     connect_store,
     group_store,
+    key_joined,
     key_worker,
     process_info,
     set_json,
@@ -181,13 +183,14 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
                  process_info(init_info.name or f"{NCCL_ENGINE_BACKEND} rank {init_info.rank}"))
         self._heartbeat = Heartbeat(init_info.host, init_info.port, init_info.rank, init_info.prefix)
 
-        def join():
+        def join():  # joined, then the broadcast ring built while every rank is here (comm.build_ring)
             with on_device(self.device):
-                return worker_init_process_group(init_info, self.parallel_config)
+                return build_ring(worker_init_process_group(init_info, self.parallel_config))
 
-        try:
+        try:  # ends early when the learner gives up on the group (F1: the join holds the engine core)
             comm = GatedCommunicator(call_with_deadline(join, init_info.connect_timeout_s,
                                                         f"rank {init_info.rank}: NCCL rendezvous with the learner",
+                                                        cancelled=unformed_probe(self._store),
                                                         on_late=lambda late: late.destroy()))
         except WeightSyncError:
             self.shutdown()  # no group: stop beating, so the control plane does not count us alive
@@ -225,10 +228,12 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
     def update_weights(self, update_info: dict) -> None:
         info = self.parse_update_info(update_info)
         self._require_communicator()
+        self._store.add(key_joined(info.seq, self._info.rank), 1)  # in the push: a rank never here is named
         try:
             self._watched(info.seq, lambda: self.receive_weights(info), info.deadline_s)
-        except BaseException:
+        except BaseException:  # also a loader error the watcher never saw: the group's sequence is broken
             self._abandon_reload()
+            self._drop_communicator()
             raise
 
     def receive_weights(self, update_info: ImpalaNcclUpdateInfo) -> None:

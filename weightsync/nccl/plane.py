@@ -45,6 +45,7 @@ from weightsync.nccl.comm import (
     Communicator,
     CommunicatorFactory,
     GatedCommunicator,
+    build_ring,
     call_with_deadline,
     on_device,
     vllm_communicator,
@@ -270,6 +271,7 @@ class NcclPlane:
         self._mint = mint_uid
         self._uid: bytes | None = None  # minted for the generation being set up, consumed by connect
         self._comm: GatedCommunicator | None = None
+        self._aborts = 0  # calls of ``abort``: a rendezvous in flight watches it
         self.store = store
         if min_gbps <= 0:
             raise ValueError(f"weight_sync.min_gbps must be > 0, got {min_gbps}")
@@ -297,11 +299,14 @@ class NcclPlane:
             raise RuntimeError("NcclPlane.connect before init_info: no receiver knows the NCCL unique id")
         uid, self._uid = self._uid, None
         self.abort()
+        aborts = self._aborts
         factory = self._factory or partial(vllm_communicator, device=torch.accelerator.current_device_index())
-        self._comm = GatedCommunicator(call_with_deadline(
-            partial(factory, uid, 0, self.world_size), timeout_s,
+        comm = call_with_deadline(  # joined, then the broadcast ring built (comm.build_ring)
+            lambda: build_ring(factory(uid, 0, self.world_size)), timeout_s,
             f"NCCL rendezvous of the learner with {self.num_receivers} engine(s) x {self.tp} rank(s)",
-            on_late=lambda comm: comm.destroy()))
+            cancelled=lambda: "was cancelled: the plane was aborted" if self._aborts != aborts else None,
+            on_late=lambda comm: comm.destroy())
+        self._comm = GatedCommunicator(comm)
 
     def update_info(self, payload: Payload) -> dict:
         """``nccl_update_info`` plus the push's ``deadline_s`` (``plane.push_deadline_s``), which the
@@ -326,7 +331,7 @@ class NcclPlane:
                     broadcast_patches(comm, payload.patches, payload.ready, self._ops)
 
         failed = None if self.store is None else push_failure_probe(
-            self.store, list(range(1, self.num_receivers + 1)), payload.seq)
+            self.store, list(range(1, self.num_receivers + 1)), payload.seq, joins=self.tp)
 
         def cancelled() -> str | None:
             if self._comm is not comm:
@@ -339,10 +344,15 @@ class NcclPlane:
                                cancelled=cancelled)
         except WeightSyncError as e:
             self.abort()
-            raise WeightSyncError(f"{e}; NCCL communicator aborted") from e
+            raise WeightSyncError(f"{e}; NCCL communicator aborted",
+                                  failed_ranks=getattr(failed, "blamed", None)) from e
         return stats
 
     def abort(self) -> None:
+        """Drop the communicator (``ncclCommAbort``) and the generation being set up; a ``connect`` still in
+        its rendezvous on another thread ends at once (the driver rebuilds the group: rank 0's old join must
+        not hold its second thread for ``connect_timeout_s``)."""
+        self._aborts += 1
         self._uid = None
         comm, self._comm = self._comm, None
         if comm is not None:
