@@ -15,8 +15,7 @@ from launch.commands.console import quiet_env
 from launch.commands.push import push_export, push_problem
 from launch.loop.progress import Progress
 from launch.planning.cluster import ClusterInfo
-from launch.planning.memory_estimate import start_lines
-from launch.planning.resources import ResourceError, plan
+from launch.planning.resources import ResourceError, plan, start_lines
 from launch.prep.preflight import PreflightError, preflight
 from launch.state.rundir import ResumePlan, check_new_run_dir, checkpoint_step, clear_run_dir, show_value
 from launch.state.storage import absolutize

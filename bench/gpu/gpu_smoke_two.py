@@ -1,9 +1,9 @@
 """GPU smoke check, the two-GPU part (reviews gpu_path_3.md, last section): what only a learner rank and an engine
 on two GPUs of one machine can show, each step under its own timeout, all within `--budget` seconds (6 minutes),
-one report in the format of bench/gpu_smoke.py (whose runner, table and import probe it uses).
+one report in the format of bench/gpu/gpu_smoke.py (whose runner, table and import probe it uses).
 
-Steps (bench/gpu_smoke_two_steps.py does the work; a step that needs what the machine lacks is skipped, saying why):
-  imports          torch, CUDA, the devices, NCCL and vLLM (bench/gpu_smoke_imports.py)
+Steps (bench/gpu/gpu_smoke_two_steps.py does the work; a step that needs what the machine lacks is skipped, saying why):
+  imports          torch, CUDA, the devices, NCCL and vLLM (bench/gpu/gpu_smoke_imports.py)
   push             learner rank 0 on GPU 0, one TP-1 engine on GPU 1: NCCL connect, a dense and a delta push
   ring_connect     F6: where NCCL makes the broadcast ring's connections (NCCL_DEBUG=INFO of the push step)
   kill_rejoin      the engine killed mid-push: the push fails naming it; a new engine rejoins and serves
@@ -11,7 +11,7 @@ Steps (bench/gpu_smoke_two_steps.py does the work; a step that needs what the ma
                    the engine's join ends when the learner gives up, the engine is not wedged
   async_aborts     (e): samples aborted mid-decode under async scheduling; the engine keeps stepping
 
-    python bench/gpu_smoke_two.py --report /tmp/smoke2.json          # on a machine with 2 GPUs, its own python
+    python bench/gpu/gpu_smoke_two.py --report /tmp/smoke2.json          # on a machine with 2 GPUs, its own python
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_smoke import Step, missing, run_step, table  # noqa: E402
+from bench.gpu.gpu_smoke import Step, missing, run_step, table  # noqa: E402
 
 BUDGET_S = 360.0  # 6 minutes
-SCRIPT = "bench/gpu_smoke_two_steps.py"
+SCRIPT = "bench/gpu/gpu_smoke_two_steps.py"
 
 
 def _step(name: str, what: str, cap_s: float, least_s: float = 60.0) -> Step:
@@ -37,7 +37,7 @@ def _step(name: str, what: str, cap_s: float, least_s: float = 60.0) -> Step:
 
 
 STEPS = (
-    Step("imports", "torch, CUDA, the devices, NCCL and vLLM", (), 60, ("bench/gpu_smoke_imports.py",), least_s=1),
+    Step("imports", "torch, CUDA, the devices, NCCL and vLLM", (), 60, ("bench/gpu/gpu_smoke_imports.py",), least_s=1),
     _step("push", "learner rank 0 on GPU 0, an engine on GPU 1: NCCL connect, dense and delta push", 150),
     Step("ring_connect", "F6: NCCL's ring connections at the join or in the first push", ("cuda",), 30,
          (SCRIPT, "--step", "ring_connect"), least_s=5),
@@ -48,7 +48,7 @@ STEPS = (
 
 
 def needs_two(step: Step, probe: dict | None) -> str | None:
-    """Why `step` cannot run here: what bench/gpu_smoke.py's `missing` says, or fewer than two GPUs, or a vLLM
+    """Why `step` cannot run here: what bench/gpu/gpu_smoke.py's `missing` says, or fewer than two GPUs, or a vLLM
     built for CPUs; ring_connect also needs the push step's log."""
     why = missing(step, probe)
     if why is not None or not step.needs:

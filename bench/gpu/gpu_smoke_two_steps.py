@@ -1,4 +1,4 @@
-"""The steps of bench/gpu_smoke_two.py: learner rank 0 on one GPU, one vLLM engine (TP 1) on another, the run's own
+"""The steps of bench/gpu/gpu_smoke_two.py: learner rank 0 on one GPU, one vLLM engine (TP 1) on another, the run's own
 pieces (`launch.doctor.weights.WeightPeer`: the learner's model and `WeightSender`; the engine with the actors'
 `WeightReceiver`), the engine in a child process of its own. One step per call, printing `SMOKE {json}` last:
 
@@ -17,8 +17,8 @@ pieces (`launch.doctor.weights.WeightPeer`: the learner's model and `WeightSende
 
 `--device cpu` runs the same on CPU (gloo weight sync, a CPU engine), to check this code where there is no GPU:
 
-    python bench/gpu_smoke_two_steps.py --step push --work /tmp/two            # on a machine with 2 GPUs
-    python bench/gpu_smoke_two_steps.py --step push --work /tmp/two --device cpu
+    python bench/gpu/gpu_smoke_two_steps.py --step push --work /tmp/two            # on a machine with 2 GPUs
+    python bench/gpu/gpu_smoke_two_steps.py --step push --work /tmp/two --device cpu
 """
 
 from __future__ import annotations
