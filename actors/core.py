@@ -137,8 +137,8 @@ class AsyncActor(WeightUpdates):
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
-        for s in group.samples:  # generated tokens only (a LUFFY prefix is the teacher's, version -1)
-            v = s.versions[~s.prefix_mask]
+        for s in group.samples:  # generated tokens only (a LUFFY prefix, an environment's tokens: version -1)
+            v = s.on_policy_versions
             self.counts["sent_tokens"] += int(v.size)
             if v.size and v.min() != v.max():
                 self.counts["mixed_version_tokens"] += int(v.size)
