@@ -42,13 +42,13 @@ def multiturn_builder(cfg, tokenizer):
     style = PromptStyle(cfg.data.system_prompt, template, tools=toolbox.schemas if toolbox else None)
     renderer = ObservationRenderer(tokenizer, template, style.tools)
     limits = Limits(env.max_turns, env.max_trajectory_tokens or cfg.rollout.max_response_tokens,
-                    env.max_observation_tokens, env.call_timeout_s)
+                    env.max_observation_tokens, env.call_timeout_s, env.max_turn_tokens)
     env_class = load_environment_class(env.environment) if env.environment else None
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
 
     def build(offload) -> MultiTurn:
-        async def render(messages):
-            return await offload(renderer.ids, messages)
+        async def render(messages, closed):
+            return await offload(renderer.ids, messages, closed)
 
         async def decode_text(ids):
             return await offload(decode, ids)

@@ -27,6 +27,11 @@ class EnvConfig(Section):
                                 "between them, after the prompt. null = rollout.max_response_tokens, which is also "
                                 "the most allowed (the engine's context and the learner's memory plan are sized by "
                                 "it). Tokens")
+    max_turn_tokens: int | None = Field(
+        None, ge=1, description="policy tokens of one turn at most; a turn cut there without an eos still goes on: "
+                                "the environment gets its text, and the template's end of turn (eos included) is "
+                                "appended before the observation, as environment tokens. null = the trajectory's "
+                                "tokens left. Tokens")
     max_observation_tokens: int = Field(
         1024, ge=1, description="tokens of one observation (a turn's tool results or environment message) at most; "
                                 "a longer one (or one with more than 32 characters per token of this limit, not even "

@@ -4,9 +4,9 @@ The loop (`run_episode`), engine-agnostic (the actor passes `generate`, which ru
 
     tokens = []                                              # the response: turns and observations
     for turn in 1..max_turns:
-        out = generate(prompt + tokens, budget - len(tokens))   # a new request: the token ids so far
+        out = generate(prompt + tokens, min(budget - len(tokens), max_turn_tokens))  # a new request: the ids so far
         tokens += out.tokens     (policy: its log mu, its weight versions)
-        stop unless out ended with eos and budget is left
+        stop unless out ended with eos, or was cut at max_turn_tokens with budget left
         observation, reward, done = step(text of this turn)      # tools called, or the environment's step
         stop if done, or after the last turn
         tokens += render(observation)   (environment: version -1, log mu 0; tokenized once)
@@ -17,7 +17,9 @@ never decoded and re-encoded: its text is decoded only to find tool calls and to
 
 How a trajectory ends (`Trajectory.ended`, also its `Sample.finish_reason`):
   stop           a turn without a tool call (tools), or the environment said done
-  length         the policy's turn hit the token budget (`Sample.truncated`, as single-turn "length")
+  length         the policy's turn hit the trajectory's token budget (`Sample.truncated`, as single-turn
+                 "length"); a turn cut at env.max_turn_tokens goes on: the template's end of turn (eos
+                 included) is appended with the observation, as environment tokens
   max_turns      the last allowed turn still called a tool / the environment was not done
   env_error      a tool or the environment raised                       (counted in env/errors)
   env_timeout    a tool call, reset or step outlasted env.call_timeout_s   (env/timeouts)
@@ -58,6 +60,7 @@ class Limits:
     max_tokens: int  # response tokens of the whole trajectory
     max_observation_tokens: int
     timeout_s: float
+    max_turn_tokens: int | None = None  # policy tokens of one turn; None = the trajectory's budget left
 
 
 @dataclass
@@ -174,10 +177,13 @@ async def run_episode(prompt: list[int], generate: Generate, steps, render: Call
     `render` and `decode` are awaited (the actor runs them on a thread: per-token work stays off the loop)."""
     traj = Trajectory()
     for turn in range(limits.max_turns):
-        out = await generate(prompt + traj.tokens, limits.max_tokens - len(traj.tokens))
+        room = limits.max_tokens - len(traj.tokens)
+        cap = min(room, limits.max_turn_tokens or room)
+        out = await generate(prompt + traj.tokens, cap)
         traj.add(out.tokens, out.logprobs, out.versions, env=False)
         traj.turns += 1
-        if out.finish_reason != "stop":
+        closed = out.finish_reason == "stop"
+        if not closed and (cap == room or out.finish_reason != "length"):
             traj.ended = "length"
             return traj
         try:
@@ -188,7 +194,7 @@ async def run_episode(prompt: list[int], generate: Generate, steps, render: Call
             if turn == limits.max_turns - 1:
                 traj.ended = "max_turns"
                 return traj
-            obs = await observation_ids(messages, render, limits, limits.max_tokens - len(traj.tokens))
+            obs = await observation_ids(messages, render, limits, limits.max_tokens - len(traj.tokens), closed)
         except EnvFault as e:
             traj.ended, traj.fault = ENDED[e.reason], str(e)
             return traj
@@ -196,14 +202,14 @@ async def run_episode(prompt: list[int], generate: Generate, steps, render: Call
     return traj
 
 
-async def observation_ids(messages: list[dict], render, limits: Limits, room: int) -> list[int]:
+async def observation_ids(messages: list[dict], render, limits: Limits, room: int, closed: bool = True) -> list[int]:
     """The observation's token ids; `EnvFault("truncated")` when it is over the observation limit or leaves no
     room for another policy token."""
     chars = sum(len(str(m.get("content", ""))) for m in messages)
     cap = limits.max_observation_tokens
     if chars > CHARS_PER_TOKEN_CAP * cap:
         raise EnvFault("truncated", f"an observation of {chars} characters (limit {cap} tokens)")
-    ids = await render(messages)
+    ids = await render(messages, closed)
     if len(ids) > cap or len(ids) >= room:
         raise EnvFault("truncated", f"an observation of {len(ids)} tokens (limit {cap}; {room} left in the "
                                     "trajectory, one kept for the policy)")

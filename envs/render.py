@@ -24,19 +24,21 @@ class ObservationRenderer:
         tail = base[base.rindex(_ASSISTANT) + len(_ASSISTANT):]
         eos = tokenizer.eos_token or ""
         self._glue = tail[len(eos):] if eos and tail.startswith(eos) else tail
+        self._tail = tail  # after a turn cut by env.max_turn_tokens: the template's end of turn, eos included
         self._base_text = base
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, chat_template=self.chat_template,
                                                   add_generation_prompt=generation_prompt, tokenize=False)
 
-    def text(self, messages: list[dict]) -> str:
-        """The text appended after a policy turn that ended with eos (module docstring)."""
+    def text(self, messages: list[dict], closed: bool = True) -> str:
+        """The text appended after a policy turn that ended with eos (`closed`), or that was cut at
+        env.max_turn_tokens (not closed: the turn's end, eos included, comes first)."""
         full = self._render(self._base + list(messages), True)
         if not full.startswith(self._base_text):
             raise ValueError("the chat template renders earlier messages differently once more follow; "
                              "multi-turn rollouts need a template that only appends")
-        return self._glue + full[len(self._base_text):]
+        return (self._glue if closed else self._tail) + full[len(self._base_text):]
 
-    def ids(self, messages: list[dict]) -> list[int]:
-        return list(self.tokenizer(self.text(messages), add_special_tokens=False)["input_ids"])
+    def ids(self, messages: list[dict], closed: bool = True) -> list[int]:
+        return list(self.tokenizer(self.text(messages, closed), add_special_tokens=False)["input_ids"])

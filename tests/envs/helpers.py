@@ -34,8 +34,8 @@ class ScriptedPolicy:
         return Turn(toks, lp, np.full(len(toks), self.version, np.int32), finish)
 
 
-async def render_with(renderer, messages):
-    return renderer.ids(messages)
+async def render_with(renderer, messages, closed=True):
+    return renderer.ids(messages, closed)
 
 
 async def decode(tokens):

@@ -166,3 +166,16 @@ def test_a_waiting_tool_does_not_hold_the_other_trajectories():
 def test_single_turn_runs_report_no_env_metrics():
     assert env_metrics([{"reward_errors": 0}]) == {}
     assert np.isfinite(limits().timeout_s)
+
+
+def test_a_turn_cut_at_max_turn_tokens_goes_on_with_the_end_of_turn_as_environment_tokens():
+    box = Toolbox([mul], timeout_s=5)
+    lim = limits(max_turns=2)
+    lim.max_turn_tokens = 5
+    t = asyncio.run(run_episode(ids("<s>Q"), ScriptedPolicy(["abcdefgh"]), ClassSteps(Faulty("none"), 1), RENDER,
+                                decode, lim))
+    # turn 1: "abcde" (cut, no eos); then </s> closes it, as the template would, before the observation
+    obs = ids("</s><|user|>go on<|assistant|>")
+    assert t.tokens == ids("abcde") + obs + ids("abcde") and t.ended == "max_turns"
+    assert t.sample(0.0).env_mask.tolist() == [False] * 5 + [True] * len(obs) + [False] * 5
+    box.close()
