@@ -48,3 +48,26 @@ def test_two_turns_on_the_engine(host, model_dir, prompts, tokenizer):
 
 async def _version(core):
     return int(await core.engine.get_weight_version())
+
+
+def test_environment_faults_end_their_trajectories_and_the_group_is_delivered_once(host, model_dir, prompts):
+    """One group of 4 on the real engine: trajectories whose environment raises, hangs or floods end with their
+    counted reason; the group is still made once, with all 4 rows, and the actor goes on (a second group)."""
+    from actors.actor import RolloutActor
+
+    cfg = run_config(env__environment="tests.actors.turn_env:Faults", env__max_turn_tokens=6, env__call_timeout_s=0.5)
+    actor = RolloutActor(cfg, 0, model_dir, "tcp://127.0.0.1:1", prompts, host=host)
+    try:
+        actor.start()
+        group = on_actor_loop(actor, lambda core: core.make_group(prompts[1]))
+        again = on_actor_loop(actor, lambda core: core.make_group(prompts[2]))
+        stats = actor.core.stats()
+    finally:
+        actor.close()
+    assert sorted(s.finish_reason for s in group.samples) == ["env_error", "env_timeout", "env_truncated", "stop"]
+    assert group.n == again.n == 4 and group.group_id != again.group_id
+    assert [s.reward for s in group.samples if s.finish_reason == "stop"] == [1.0]
+    for s in group.samples:
+        assert not s.env_mask.any() and len(s.tokens) <= 6  # one turn each (cut at 6), nothing of the fault appended
+    assert (stats["env_errors"], stats["env_timeouts"], stats["env_truncated"]) == (2, 2, 2)  # two groups
+    assert stats["env_trajectories"] == 8

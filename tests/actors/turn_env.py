@@ -47,3 +47,26 @@ class TwoTurns:
             await me.wait()
             return f"12*34={await TOOLS.call('mul', {'a': 12, 'b': 34})}", 0.25, False
         return "", 0.5, True
+
+
+class Faults:
+    """Trajectory k of a group (by the order of their first steps) raises, hangs past env.call_timeout_s,
+    answers a megabyte, or goes on normally."""
+
+    order: list[str] = []
+
+    def reset(self, record):
+        return None
+
+    async def step(self, action):
+        kinds = ("raise", "hang", "huge", "fine")
+        if not hasattr(self, "kind"):
+            self.kind = kinds[len(Faults.order) % 4]
+            Faults.order.append(self.kind)
+        if self.kind == "raise":
+            raise RuntimeError("the environment broke")
+        if self.kind == "hang":
+            await asyncio.sleep(30)
+        if self.kind == "huge":
+            return "x" * (1 << 20), 0.0, False
+        return "", 1.0, True
