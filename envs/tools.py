@@ -34,12 +34,9 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-# Built-in tools: name -> (module, attribute, factory?). A factory is called once per actor and returns the
-# tool function (the Python runner owns a sandbox).
-BUILTIN_TOOLS: dict[str, tuple[str, str, bool]] = {
-    "calculator": ("envs.builtin_tools", "calculator", False),
-    "python": ("envs.builtin_tools", "python_tool", True),
-}
+# Built-in tools, by the names `env.tools` takes: the functions of `envs.builtin_tools.BUILTIN_TOOLS` (the exact
+# calculator, the sandboxed Python runner), imported only when a run names one.
+BUILTIN_TOOLS = ("calculator", "python")
 
 
 class ToolLoadError(ValueError):
@@ -65,9 +62,9 @@ def load_object(spec: str, what: str):
 def load_tool(spec: str) -> Callable:
     """The tool function `spec` names (a built-in name, `file.py:fn` or `module:fn`), checked."""
     if spec in BUILTIN_TOOLS:
-        module, attr, factory = BUILTIN_TOOLS[spec]
-        obj = load_object(f"{module}:{attr}", f"built-in tool {spec!r}")
-        fn = obj() if factory else obj
+        from envs.builtin_tools import BUILTIN_TOOLS as BUILTINS
+
+        fn = BUILTINS[spec]
     elif ":" in spec:
         fn = load_object(spec, "tool")
     else:
