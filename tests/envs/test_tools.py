@@ -134,3 +134,16 @@ def test_timeouts_errors_and_bad_calls():
     assert box.bad_call("boom", {"y": 1}) == "error: boom: missing a required argument: 'x'"
     assert box.bad_call("boom", {"x": 1}) is None
     box.close()
+
+
+def test_the_built_in_tools_load_by_name_and_answer():
+    box = Toolbox([load_tool("calculator"), load_tool("python")], timeout_s=60)
+    assert [s["function"]["name"] for s in box.schemas] == ["calculator", "python"]
+
+    async def main():
+        return (await box.call("calculator", {"expression": "123456789 * 987654321"}),
+                await box.call("python", {"code": "print(6 * 7)"}))
+
+    calc, py = asyncio.run(main())
+    assert calc == "121932631112635269" and py.strip() == "42"
+    box.close()
