@@ -50,6 +50,7 @@ from actors.luffy import plain_group_plan, plan_group
 from actors.occupancy import InFlight, sized, start_line
 from actors.prompts import PromptCursor, PromptItem, load_tokenizer, shard
 from actors.rows import NoVersionError
+from actors.turns import multiturn_builder
 from actors.weights import WeightUpdates
 from buffer.admission import CHANNEL, behind
 from buffer.records import Group
@@ -58,7 +59,6 @@ from tasks.rewards import scorer_for
 logger = logging.getLogger(__name__)
 
 CREDIT_WAIT_S = 30.0  # longest wait of one credit request in the buffer's queue; then it is asked again
-
 DELIVERED_KEPT = 1 << 16  # acknowledged groups remembered for `delivered_since`
 
 
@@ -127,7 +127,7 @@ class AsyncActor(WeightUpdates):
             SamplingSettings.from_config(r),
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id,
             salt_version=None if self.clears_cache else lambda: self.version,  # kept KV: salted prefixes
-            deadlines=r.deadlines)
+            deadlines=r.deadlines, multiturn=multiturn_builder(self.cfg, tokenizer))
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
         self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)
@@ -137,8 +137,8 @@ class AsyncActor(WeightUpdates):
 
     def _on_sent(self, group: Group, ack) -> None:
         self.counts["groups_acked"] += 1
-        for s in group.samples:  # generated tokens only (a LUFFY prefix is the teacher's, version -1)
-            v = s.versions[~s.prefix_mask]
+        for s in group.samples:  # generated tokens only (a LUFFY prefix, an environment's tokens: version -1)
+            v = s.on_policy_versions
             self.counts["sent_tokens"] += int(v.size)
             if v.size and v.min() != v.max():
                 self.counts["mixed_version_tokens"] += int(v.size)
@@ -335,13 +335,16 @@ class AsyncActor(WeightUpdates):
         over the shard the prompt came from (the driver's ledger keys prompts by (epoch, index))."""
         n = self.cfg.rollout.n
         plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if self.luffy else plain_group_plan(n)
-        samples, ratios = await self.sampler.sample_group(item, plan)
+        if self.sampler.multiturn is None:
+            (samples, ratios), prompt = await self.sampler.sample_group(item, plan), item.prompt_ids
+        else:  # multi-turn rollouts (envs/): an environment's reset may set the prompt
+            (samples, prompt), ratios = await self.sampler.sample_turns(item, n), []
         meta: dict = {"epoch": epoch}
         if self.luffy:
             meta.update(prefix_ratios=ratios, demo_rows=plan.demo_rows)
         self._counter += 1
         return Group(group_id=f"a{self.actor_id}-{self._nonce}-{self._counter:07d}", prompt_index=item.prompt_index,
-                     prompt_tokens=np.asarray(item.prompt_ids, dtype=np.int32), samples=samples,
+                     prompt_tokens=np.asarray(prompt, dtype=np.int32), samples=samples,
                      ground_truth=item.ground_truth, data_source=item.data_source, actor_id=self.actor_id,
                      meta=meta)
 
@@ -382,7 +385,7 @@ class AsyncActor(WeightUpdates):
         return {"actor_id": self.actor_id, "version": self.version, "learner_version": self.learner_version,
                 **self.counts, **self.times, **(self.sampler.times if self.sampler else {}), "generated_tokens": gen, "elapsed_s": elapsed,
                 **(self.sampler.reward_stats() if self.sampler else {}),  # reward_errors, reward_timeouts
-                **(self.sampler.deadline_stats() if self.sampler else {}),  # requests_aborted, members_regenerated
+                **(self.sampler.deadline_stats() | self.sampler.env_stats() if self.sampler else {}),  # env_*: envs/
                 "tokens_per_s": gen / elapsed if elapsed else 0.0, "in_flight": len(self._tasks),
                 "prompts_in_flight": self.load.prompts if self.load else None, "seqs_in_flight": self.in_flight.mean(),
                 "seq_capacity": self.load.capacity if self.load else None,

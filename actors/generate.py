@@ -35,6 +35,7 @@ from actors.deadlines import DeadlineClock, DecodeRate, Watchdog, limits_of
 from actors.luffy import GroupPlan, guided_request
 from actors.prompts import PromptItem
 from actors.rows import prefix_only_sample, sample_from_completion
+from actors.turns import turn_of
 from buffer.records import Sample
 from tasks.rewards import score_all
 
@@ -96,7 +97,7 @@ class GroupSampler:
 
     def __init__(self, engine, tokenizer, settings: SamplingSettings, *, reward_fn: Callable[[str, str, str, dict], float],
                  name: str = "actor", reward_threads: int = 2, seed: int = 0,
-                 salt_version: Callable[[], int] | None = None, deadlines=None):
+                 salt_version: Callable[[], int] | None = None, deadlines=None, multiturn=None):
         import random
 
         self.engine, self.tokenizer, self.s, self.name = engine, tokenizer, settings, name
@@ -113,6 +114,10 @@ class GroupSampler:
         self.rate = DecodeRate()
         self.watchdog = None if deadlines is None else Watchdog(engine, self.limits, self.clock, name)
         self.members_regenerated = 0
+        # multi-turn rollouts (`actors.turns.multiturn_builder`; None: single-turn): decoding turns and
+        # tokenizing observations run on threads of their own, never behind the reward's
+        self._turn_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"turns-{name}") if multiturn else None
+        self.multiturn = multiturn(self._offload) if multiturn else None
 
     def limits(self) -> tuple[float | None, float | None]:
         """(progress_s, group_s) in force now (`actors.deadlines.limits_of`)."""
@@ -225,6 +230,21 @@ class GroupSampler:
         self.times["rows_s"] += time.perf_counter() - t0
         return samples, [ratio for _, _, ratio in rows]
 
+    async def sample_turns(self, item: PromptItem, n: int) -> tuple[list[Sample], tuple[int, ...]]:
+        """The n multi-turn rows of one group and their prompt (an environment's reset may set it; `envs.
+        multiturn`). Each turn is one request watched by the deadlines (`_samples`): a turn aborted past its
+        retries drops the whole group (`GroupDropped`), as in single-turn rollouts."""
+        async def generate(ids: list[int], max_tokens: int):
+            comps = await self._samples(ids, 1, max_tokens, "t", self._salt(), item.prompt_index)
+            return turn_of(comps[0])
+
+        samples, prompt = await self.multiturn.group(item, n, generate, lambda lists: self._score(lists, item))
+        self.generated_tokens += sum(int(s.policy_mask.sum()) for s in samples)
+        return samples, tuple(prompt)
+
+    async def _offload(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._turn_pool, fn, *args)
+
     @staticmethod
     def _tokens(completion, prefix) -> list[int]:
         gen = [] if completion is None else list(completion.token_ids)
@@ -267,9 +287,16 @@ class GroupSampler:
         """The reward's failure counts (`tasks.rewards.Scorer.stats`; {} for a plain function)."""
         return self.reward_fn.stats() if hasattr(self.reward_fn, "stats") else {}
 
+    def env_stats(self) -> dict:
+        """The multi-turn counts (`envs.multiturn.MultiTurn.stats`: env_*); {} for single-turn rollouts."""
+        return self.multiturn.stats() if self.multiturn is not None else {}
+
     def close(self) -> None:
         """Stop the reward threads and the reward's worker process, if it has one."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.multiturn is not None:
+            self._turn_pool.shutdown(wait=False, cancel_futures=True)
+            self.multiturn.close()
         if self.watchdog is not None:
             self.watchdog.close()
         if hasattr(self.reward_fn, "close"):

@@ -52,11 +52,14 @@ class PromptStyle:
     raw: no template at all: the messages' contents joined by a blank line, tokenised as plain text
     (with whatever special tokens the tokenizer adds to plain text, e.g. a BOS, as vLLM does for a text
     prompt) -- base models have no chat template, and R1-Zero-style prompts are written out in full.
+    tools: the JSON schemas of `env.tools` (`envs.tools.tool_schema`), given to the chat template as `tools=`
+    so the model is offered them in its own format; None = no tools (the template renders as before).
     """
 
     system_prompt: str | None = None
     chat_template: str | None = None
     raw: bool = False
+    tools: list[dict] | None = field(default=None, hash=False, compare=False)  # env.tools' schemas, offered
 
     def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         if self.system_prompt is None or (messages and messages[0]["role"] == "system"):
@@ -74,8 +77,9 @@ def encode_prompt(tokenizer, messages: list[dict[str, str]], style: PromptStyle 
     if style.raw:
         ids = tokenizer(style.text(messages), add_special_tokens=True, verbose=False)["input_ids"]
     else:
+        extra = {"tools": style.tools} if style.tools else {}  # no tools: exactly the call of a single-turn run
         ids = tokenizer.apply_chat_template(style.messages(messages), chat_template=style.chat_template,
-                                            add_generation_prompt=True, tokenize=True)
+                                            add_generation_prompt=True, tokenize=True, **extra)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return [int(t) for t in ids]

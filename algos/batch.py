@@ -18,7 +18,9 @@ from algos.aggregation import LossNorm
 class StepBatch:
     """All per-row/per-token inputs of one optimiser step (or a micro-batch slice of it). No grad.
 
-    response_mask  [B, T] float  1 on response tokens (generated or demonstration)
+    response_mask  [B, T] float  1 on response tokens (generated or demonstration); 0 on padding and on the
+                                 environment tokens of multi-turn rows (tool results, observations), so
+                                 every term masked by it ignores them
     prefix_mask    [B, T] bool   True on off-policy demonstration tokens (LUFFY); else all False
     group_index    [B] int64     group (prompt) id in [0, G)
     rewards        [B] float     verifiable outcome reward

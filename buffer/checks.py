@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Reason codes (stable strings: stats count them, clients branch on them).
 TOO_LARGE = "too_large"

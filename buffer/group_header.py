@@ -14,8 +14,9 @@ import math
 from buffer import checks as C
 from buffer.checks import SCHEMA_VERSION, Limits, WireError
 
-FIELDS = ("prompt_tokens", "tokens", "logprobs", "versions", "prefix_mask")  # data frame order
-DTYPES = {"prompt_tokens": "<i4", "tokens": "<i4", "logprobs": "<f4", "versions": "<i4", "prefix_mask": "|b1"}
+FIELDS = ("prompt_tokens", "tokens", "logprobs", "versions", "prefix_mask", "env_mask")  # data frame order
+DTYPES = {"prompt_tokens": "<i4", "tokens": "<i4", "logprobs": "<f4", "versions": "<i4", "prefix_mask": "|b1",
+          "env_mask": "|b1"}
 MAX_ID = 256
 MAX_REASON = 32
 MAX_INDEX = 1 << 62

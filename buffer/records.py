@@ -10,6 +10,13 @@ Per-token arrays of a sample all have the response length T:
               temperature); 0.0 on demonstration (prefix) tokens, which have no behaviour policy
   versions    int32  weight version that produced each token; -1 on demonstration tokens
   prefix_mask bool   True on off-policy demonstration tokens
+  env_mask    bool   True on environment tokens of a multi-turn row (`envs/`): tool results and
+              observations, tokenized once by the actor and appended between the policy's turns. They
+              carry version ENV_VERSION and log mu 0 and get no loss, advantage, KL or entropy term
+              (the learner's response_mask is 0 on them); all False on single-turn rows.
+
+A multi-turn row's tokens are [turn 1][observation 1][turn 2]...: each policy turn exactly as sampled,
+with the weight versions of that turn's request (a push between turns makes the later turns newer).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 DEMO_VERSION = -1  # version stamped on demonstration (off-policy) tokens
+ENV_VERSION = -1  # version stamped on environment tokens: no policy produced them, so never a staleness
 
 Key = tuple[int, int]  # (epoch, prompt_index): the key of the driver's prompt ledger (`launch.state.ledger`)
 
@@ -38,10 +46,20 @@ class Sample:
     reward: float  # verifiable outcome reward of this response (usually 0/1)
     finish_reason: str = "stop"  # "stop" | "length" | "demo"
     truncated: bool = False  # True when generation hit max_tokens before an eos
+    env_mask: np.ndarray | None = None  # bool [T]; None at construction = all False (single-turn)
+
+    def __post_init__(self) -> None:
+        if self.env_mask is None:
+            self.env_mask = np.zeros(len(self.tokens), dtype=bool)
+
+    @property
+    def policy_mask(self) -> np.ndarray:
+        """bool [T]: tokens the current policy sampled (neither demonstration nor environment)."""
+        return ~(self.prefix_mask | self.env_mask)
 
     @property
     def on_policy_versions(self) -> np.ndarray:
-        return self.versions[~self.prefix_mask]
+        return self.versions[self.policy_mask]
 
 
 @dataclass

@@ -2,12 +2,16 @@
 
 Layout of a group ("group unit", GROUP_FRAMES = 2 frames): frame 0 is a msgpack map with the scalar
 fields, per-sample lists (rewards, lengths, finish_reasons, truncated) and an "arrays" map of
-{"dtype", "shape"} descriptors for prompt_tokens, tokens, logprobs, versions, prefix_mask; frame 1 holds
+{"dtype", "shape"} descriptors for prompt_tokens, tokens, logprobs, versions, prefix_mask, env_mask; frame 1 holds
 those arrays back to back in that order (the 4-byte ones first, so every view is aligned), each
 per-sample field concatenated over samples (sample i spans lengths[i] entries). A fixed, small frame
 count keeps per-message overhead low, validation runs vectorised over the whole group, and the buffer
 keeps the validated frames and sends them on unchanged (zero-copy) instead of re-encoding a stored group
 when it is served.
+
+Environment tokens (`env_mask`, multi-turn rows): they carry version ENV_VERSION and log mu exactly 0, never
+overlap a demonstration prefix, and do not count for the group's oldest version (the staleness the buffer
+admits by); a policy token (neither prefix nor environment) must carry a version >= 0.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 from buffer import checks as C
 from buffer.checks import SCHEMA_VERSION, Limits, WireError
 from buffer.group_header import DTYPES, FIELDS, check_group_header, header_ok
-from buffer.records import DEMO_VERSION, Group, Sample, prompt_key
+from buffer.records import DEMO_VERSION, ENV_VERSION, Group, Sample, prompt_key
 
 GROUP_FRAMES = 2
 
@@ -142,12 +146,12 @@ class WireGroup:
         h, a = self.header, self.arrays
         if copy:
             a = {f: x.copy() for f, x in a.items()}
-        toks, lps, vers, mask = a["tokens"], a["logprobs"], a["versions"], a["prefix_mask"]
+        toks, lps, vers, mask, env = a["tokens"], a["logprobs"], a["versions"], a["prefix_mask"], a["env_mask"]
         samples, o = [], 0
         for length, r, fr, tr in zip(h["lengths"], h["rewards"], h["finish_reasons"], h["truncated"]):
             e = o + length
             samples.append(Sample(tokens=toks[o:e], logprobs=lps[o:e], versions=vers[o:e], prefix_mask=mask[o:e],
-                                  reward=float(r), finish_reason=fr, truncated=tr))
+                                  reward=float(r), finish_reason=fr, truncated=tr, env_mask=env[o:e]))
             o = e
         prompt = a["prompt_tokens"]
         return Group(group_id=h["group_id"], prompt_index=h["prompt_index"], prompt_tokens=prompt,
@@ -186,27 +190,55 @@ def _check_values(a: dict[str, np.ndarray], w: str) -> int | None:
     if not np.isfinite(lp).all():
         i = C.first_bad(~np.isfinite(lp))
         raise WireError(C.NON_FINITE, f"{w}.logprobs[{i}]: {lp[i]} is not finite")
-    raw_mask = a["prefix_mask"].view(np.uint8)
-    mask_max = int(raw_mask.max()) if raw_mask.size else 0
-    if mask_max > 1:
-        i = C.first_bad(raw_mask > 1)
-        raise WireError(C.BAD_MASK, f"{w}.prefix_mask[{i}]: byte {raw_mask[i]} is not 0/1")
+    mask_max = _check_mask(a["prefix_mask"], f"{w}.prefix_mask")
+    env_max = _check_mask(a["env_mask"], f"{w}.env_mask")
     v = a["versions"]
     if v.size == 0:
         return None
+    if env_max:
+        _check_env_tokens(a, w)
     lowest = int(v.min())
-    if lowest < DEMO_VERSION:
-        i = C.first_bad(v < DEMO_VERSION)
-        raise WireError(C.BAD_VERSION, f"{w}.versions[{i}]: {v[i]} is below {DEMO_VERSION}")
-    if mask_max:  # some demonstration tokens: only the generated ones count
-        gen = v[~a["prefix_mask"]]
+    if lowest < min(DEMO_VERSION, ENV_VERSION):
+        i = C.first_bad(v < min(DEMO_VERSION, ENV_VERSION))
+        raise WireError(C.BAD_VERSION, f"{w}.versions[{i}]: {v[i]} is below {min(DEMO_VERSION, ENV_VERSION)}")
+    if mask_max or env_max:  # demonstration or environment tokens: only the policy's count
+        gen = v[~(a["prefix_mask"] | a["env_mask"])]
         if gen.size == 0:
             return None
         lowest = int(gen.min())
     if lowest < 0:
         raise WireError(C.BAD_VERSION, f"{w}.versions: a generated (non-prefix) token carries version {lowest}; "
-                                       f"only demonstration tokens may carry {DEMO_VERSION}")
+                                       f"only demonstration and environment tokens may carry {DEMO_VERSION}")
     return lowest
+
+
+def _check_mask(mask: np.ndarray, where: str) -> int:
+    """The largest byte of a bool mask (0 or 1); raise when a byte is neither."""
+    raw = mask.view(np.uint8)
+    top = int(raw.max()) if raw.size else 0
+    if top > 1:
+        i = C.first_bad(raw > 1)
+        raise WireError(C.BAD_MASK, f"{where}[{i}]: byte {raw[i]} is not 0/1")
+    return top
+
+
+def _check_env_tokens(a: dict[str, np.ndarray], w: str) -> None:
+    """Environment tokens: version ENV_VERSION, log mu 0, never inside a demonstration prefix."""
+    env = a["env_mask"]
+    both = env & a["prefix_mask"]
+    if both.any():
+        raise WireError(C.BAD_MASK, f"{w}.env_mask[{C.first_bad(both)}]: a token is both a demonstration and an "
+                                    "environment token")
+    bad = env & (a["versions"] != ENV_VERSION)
+    if bad.any():
+        i = C.first_bad(bad)
+        raise WireError(C.BAD_VERSION, f"{w}.versions[{i}]: environment token carries version {a['versions'][i]}, "
+                                       f"expected {ENV_VERSION}")
+    bad = env & (a["logprobs"] != 0)
+    if bad.any():
+        i = C.first_bad(bad)
+        raise WireError(C.BAD_VALUE, f"{w}.logprobs[{i}]: environment token carries log mu {a['logprobs'][i]}, "
+                                     "expected 0 (no policy sampled it)")
 
 
 def demo_sample_header(h: dict, k: int, length: int, reward: float) -> dict:
@@ -227,7 +259,7 @@ def attach_demo(wg: WireGroup, tokens: np.ndarray, reward: float, k: int) -> Wir
     """A new WireGroup with k full demonstration rows appended (prefix_mask True, versions -1, logprobs 0)."""
     length = int(tokens.shape[0])
     fill = {"tokens": tokens, "logprobs": np.zeros(length, "<f4"), "versions": np.full(length, DEMO_VERSION, "<i4"),
-            "prefix_mask": np.ones(length, "|b1")}
+            "prefix_mask": np.ones(length, "|b1"), "env_mask": np.zeros(length, "|b1")}
     data = _data_frame([[wg.arrays["prompt_tokens"]]] + [[wg.arrays[f]] + [fill[f]] * k for f in FIELDS[1:]])
     header = demo_sample_header(wg.header, k, length, reward)
     frames = [pack(header), data]

@@ -22,6 +22,7 @@ from configs.algo_sections import SECTIONS
 from configs.base import Section
 from configs.buffer_section import BufferConfig, auto_capacity_groups
 from configs.data_section import DataConfig
+from configs.env_section import EnvConfig, env_problems
 from configs.shared import (
     LearnerConfig,
     LoggingConfig,
@@ -62,6 +63,7 @@ class _SharedConfig(Section):
     learner: LearnerConfig = Field(LearnerConfig(), description="the FSDP learner: batch geometry, optimiser, schedule, steps")
     weight_sync: WeightSyncConfig = Field(WeightSyncConfig(), description="learner → vLLM weight pushes")
     loss: LossConfig = Field(LossConfig(), description="policy-loss options shared by the algorithms")
+    env: EnvConfig = Field(EnvConfig(), description="multi-turn, tool-using rollouts (off by default: single-turn)")
 
     @field_validator("algo")
     @classmethod
@@ -124,6 +126,7 @@ class _SharedConfig(Section):
                    "learner.mini_batches or raise learner.batch_prompts")
         yield from self._credit_problems(spec)
         yield from self._count_problems(spec)
+        yield from env_problems(self)
         yield from spec.validate(self)
 
     def _credit_problems(self, spec):

@@ -16,6 +16,9 @@ Why it is shaped like this:
   zero loss.
 - The global `StepBatch` (masks, groups, rewards, μ) is built from the groups on every rank; only
   model outputs (π_prox, reference, PRM) have to be exchanged.
+- Multi-turn rows (`envs/`): environment tokens (`Sample.env_mask`) are part of the model input like any
+  response token (later turns are conditioned on them) but their response_mask is 0, so no loss,
+  advantage, KL or entropy term reads them, and they never count as staleness.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ class Row:
     prefix: np.ndarray  # bool [T]
     reward: float
     truncated: bool = False  # the sample hit the generation limit before an eos (DAPO overlong handling)
+    env: np.ndarray | None = None  # bool [T] environment tokens (multi-turn rows); None = all False
+
+    def __post_init__(self) -> None:
+        if self.env is None:
+            object.__setattr__(self, "env", np.zeros(len(self.response), dtype=bool))
+
+    @property
+    def policy(self) -> np.ndarray:
+        """bool [T]: the tokens the policy sampled (neither demonstration nor environment)."""
+        return ~(self.prefix | self.env)
 
     @property
     def seq_len(self) -> int:
@@ -73,7 +86,8 @@ def rows_from_groups(groups: list[Group], vocab_size: int | None = None) -> list
         for k, s in enumerate(group.samples):
             tokens = np.asarray(s.tokens, dtype=np.int64).reshape(-1)
             t = tokens.size
-            arrays = {"logprobs": s.logprobs, "versions": s.versions, "prefix_mask": s.prefix_mask}
+            arrays = {"logprobs": s.logprobs, "versions": s.versions, "prefix_mask": s.prefix_mask,
+                      "env_mask": s.env_mask}
             for name, arr in arrays.items():
                 if np.asarray(arr).reshape(-1).size != t:
                     raise ValueError(f"group {group.group_id!r} sample {k}: {name} has {np.asarray(arr).size} "
@@ -86,7 +100,7 @@ def rows_from_groups(groups: list[Group], vocab_size: int | None = None) -> list
                 behav=np.asarray(s.logprobs, dtype=np.float32).reshape(-1),
                 versions=np.asarray(s.versions, dtype=np.int64).reshape(-1),
                 prefix=np.asarray(s.prefix_mask, dtype=bool).reshape(-1), reward=float(s.reward),
-                truncated=bool(s.truncated)))
+                truncated=bool(s.truncated), env=np.asarray(s.env_mask, dtype=bool).reshape(-1)))
     return rows
 
 
@@ -282,7 +296,7 @@ def make_microbatch(rows: list[Row], indices: list[int] | None, pad_id: int, dev
 
 def pad_rows(rows: list[Row], indices: list[int], field: str, width: int, dtype: torch.dtype,
              device: torch.device, fill: float = 0) -> torch.Tensor:
-    """[len(indices), width] tensor of a per-token row field ('response', 'behav', 'prefix', 'versions')."""
+    """[len(indices), width] tensor of a per-token row field ('response', 'behav', 'prefix', 'versions', 'env')."""
     out = torch.full((len(indices), width), fill, dtype=dtype)
     for b, i in enumerate(indices):
         v = getattr(rows[i], field)
@@ -291,11 +305,14 @@ def pad_rows(rows: list[Row], indices: list[int], field: str, width: int, dtype:
 
 
 def global_step_batch(rows: list[Row], device: torch.device, step: int) -> StepBatch:
-    """StepBatch of all rows (old_logprobs zero until the learner fills it)."""
+    """StepBatch of all rows (old_logprobs zero until the learner fills it). response_mask is 1 on the
+    rows' response tokens except environment tokens."""
     idx = list(range(len(rows)))
     width = max(max(len(r.response) for r in rows), 1)
     lengths = torch.tensor([len(r.response) for r in rows])
     mask = (torch.arange(width)[None, :] < lengths[:, None]).float().to(device)
+    if any(r.env.any() for r in rows):  # multi-turn rows: environment tokens get no term at all
+        mask = mask * (~pad_rows(rows, idx, "env", width, torch.bool, device, False)).float()
     return StepBatch(
         response_mask=mask,
         prefix_mask=pad_rows(rows, idx, "prefix", width, torch.bool, device, False),
@@ -309,8 +326,9 @@ def global_step_batch(rows: list[Row], device: torch.device, step: int) -> StepB
 
 
 def staleness_metrics(rows: list[Row], version: int) -> dict[str, float]:
-    """Lag (learner version − oldest generating version) over rows that hold generated tokens."""
-    lags = [version - int(r.versions[~r.prefix].min()) for r in rows if (~r.prefix).any()]
+    """Lag (learner version − oldest generating version) over rows that hold generated tokens (demonstration
+    and environment tokens are no policy's and do not count)."""
+    lags = [version - int(r.versions[r.policy].min()) for r in rows if r.policy.any()]
     if not lags:
         return {"staleness/rows": 0.0}
     return {"staleness/min": float(min(lags)), "staleness/mean": float(np.mean(lags)),

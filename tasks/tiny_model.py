@@ -11,7 +11,8 @@ ASCII (space to ``~``) and "\\n"; any other character encodes as ``<unk>``. Chat
 
     <s><|user|>What is 2+3?<|assistant|>2+3+0=5, 5\\n\\n\\boxed{5}</s>
 
-(a system message is ``<|system|>...`` first; ``add_generation_prompt`` appends ``<|assistant|>``).
+(a system message is ``<|system|>...`` first; ``add_generation_prompt`` appends ``<|assistant|>``; a tool
+result, for multi-turn rollouts, is ``<|user|><tool_response>...</tool_response>``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CHAT_TEMPLATE = (
     "{% if m['role'] == 'system' %}<|system|>{{ m['content'] }}"
     "{% elif m['role'] == 'user' %}<|user|>{{ m['content'] }}"
     "{% elif m['role'] == 'assistant' %}<|assistant|>{{ m['content'] }}{{ eos_token }}"
+    "{% elif m['role'] == 'tool' %}<|user|><tool_response>{{ m['content'] }}</tool_response>"
     "{% else %}{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )

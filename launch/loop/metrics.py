@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.multiturn import env_metrics
 from tasks.rewards import reward_metrics
 
 
@@ -80,7 +81,7 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
         **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
-        **engine_metrics(actor_reports), **repair_metrics(actor_reports),
+        **engine_metrics(actor_reports), **repair_metrics(actor_reports), **env_metrics(actor_reports),
     }
 
 

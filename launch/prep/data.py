@@ -68,7 +68,16 @@ def prompt_style(cfg: RunConfig) -> PromptStyle:
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"data.chat_template: cannot read {d.chat_template} ({getattr(e, 'strerror', None) or e})"
                             " — give an existing .jinja file or the template text") from None
-    return PromptStyle(d.system_prompt, template, raw=d.prompt_format == "raw")
+    return PromptStyle(d.system_prompt, template, raw=d.prompt_format == "raw", tools=tool_schemas(cfg))
+
+
+def tool_schemas(cfg: RunConfig) -> list[dict] | None:
+    """The JSON schemas of `env.tools`, offered to the model in its prompts; None without tools."""
+    if not cfg.env.tools:
+        return None
+    from envs.tools import load_tool, tool_schema
+
+    return [tool_schema(load_tool(spec)) for spec in cfg.env.tools]
 
 
 def read_file(cfg: RunConfig, path: str | Path, *, require_target: bool = False,

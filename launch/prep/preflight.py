@@ -20,6 +20,9 @@ It writes nothing. Checked, in order:
   prompt style (`launch.prep.data.prompt_style`: a chat template that fails on it fails here);
 - data.demos (algorithms that train on demonstrations): loads whole with a demonstration per row, and
   gives at least data.min_demo_match of the training prompts a demonstration (by question text);
+- env.tools / env.environment: each tool loads and can be described to the model (typed, documented), the
+  environment class loads, is made without arguments and its reset/step take one argument, and the chat
+  template renders tool results and observations by appending (`check_env`);
 - reward.fn: loads and its parameter names fit our, veRL's or TRL's shape, a TRL one's columns those of the
   data (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
@@ -79,6 +82,7 @@ def preflight(cfg: RunConfig) -> None:
         raise PreflightError(str(e)) from None
     for key, kind in spec.files(cfg):
         check_algorithm_file(cfg, key, kind)
+    check_env(cfg, tokenizer)
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
                              "logging.wandb=false")
@@ -208,3 +212,30 @@ def check_algorithm_file(cfg: RunConfig, key: str, kind: str) -> None:
             raise PreflightError(f"{key}={value}: {type(e).__name__}: {e}") from None
     else:
         raise ValueError(f"{cfg.algo}: unknown kind {kind!r} of {key} in AlgoSpec.files; use hf_dir or function")
+
+
+def check_env(cfg: RunConfig, tokenizer) -> None:
+    """`env:`: the tools and the environment class load and fit (module docstring), before anything starts."""
+    if not cfg.env.enabled:
+        return
+    from envs.environment import load_environment_class
+    from envs.render import ObservationRenderer
+    from envs.tools import Toolbox, ToolLoadError, load_tool
+
+    try:
+        toolbox = Toolbox([load_tool(s) for s in cfg.env.tools], cfg.env.call_timeout_s, threads=1)
+        toolbox.close()
+        if cfg.env.environment is not None:
+            load_environment_class(cfg.env.environment)
+    except ToolLoadError as e:
+        raise PreflightError(str(e)) from None
+    if tokenizer is None:
+        from tasks.tiny_model import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    try:
+        renderer = ObservationRenderer(tokenizer, prompt_style(cfg).chat_template, toolbox.schemas or None)
+        renderer.text([{"role": "tool" if cfg.env.tools else "user", "content": "1"}])
+    except Exception as e:
+        raise PreflightError(f"env: the chat template cannot render an observation after a policy turn ({e}) — "
+                             "give one that renders tool/user messages with data.chat_template") from None

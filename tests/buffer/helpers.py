@@ -39,7 +39,7 @@ def assert_same_group(a: Group, b: Group) -> None:
     assert a.prompt_tokens.dtype == b.prompt_tokens.dtype and np.array_equal(a.prompt_tokens, b.prompt_tokens)
     assert a.n == b.n
     for x, y in zip(a.samples, b.samples):
-        for f in ("tokens", "logprobs", "versions", "prefix_mask"):
+        for f in ("tokens", "logprobs", "versions", "prefix_mask", "env_mask"):
             u, v = getattr(x, f), getattr(y, f)
             assert u.dtype == v.dtype and u.shape == v.shape, f
             assert u.tobytes() == v.tobytes(), f  # bit-exact (also for float32 log-probs)

@@ -14,7 +14,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from buffer.wire import encode_group, encode_request
+from buffer.wire import SCHEMA_VERSION, encode_group, encode_request
 from tests.buffer.batching_client import BatchingClient
 from tests.buffer.helpers import assert_same_group, edit_field, make_group
 
@@ -40,7 +40,7 @@ def hostile_messages(draw) -> list[bytes]:
     if kind == "random":
         return draw(st.lists(st.binary(max_size=200), min_size=1, max_size=9))
     frames = base_frames(draw(st.integers(0, 3)))
-    req = {"schema": 1, "type": "push", "req": draw(st.integers(0, 2**40)), "count": 1}
+    req = {"schema": SCHEMA_VERSION, "type": "push", "req": draw(st.integers(0, 2**40)), "count": 1}
     if kind == "group_field":
         h = msgpack.unpackb(frames[0])
         h[draw(st.sampled_from(FIELDS))] = draw(hostile_values)
@@ -86,7 +86,7 @@ def test_fuzzing_never_crashes_or_corrupts(start_buffer):
         sock.send_multipart(frames)
         assert sock.poll(5000), "the buffer did not answer a hostile message"
         h = msgpack.unpackb(sock.recv_multipart()[0])
-        assert h["type"] == "reply" and h["schema"] == 1 and isinstance(h["reason"], str)
+        assert h["type"] == "reply" and h["schema"] == SCHEMA_VERSION and isinstance(h["reason"], str)
         refused = not h["ok"] or any(not accepted for accepted, _, _ in h.get("acks", []))
         replies["rejected" if refused else "ok"] += 1
 
@@ -97,7 +97,7 @@ def test_fuzzing_never_crashes_or_corrupts(start_buffer):
 
     fuzz()
     send(encode_request("push", 1, {"count": 1}, base_frames()[:-1] + [b"\x01" * (1 << 20)]))  # > max_message_mb
-    send([msgpack.packb({"schema": 1, "type": "credit", "req": 2, "want": -1, "actor_version": 0})])
+    send([msgpack.packb({"schema": SCHEMA_VERSION, "type": "credit", "req": 2, "want": -1, "actor_version": 0})])
     sock.close(0)
     stats = client.stats()
     assert replies["ok"] + replies["rejected"] >= 300 and replies["rejected"] >= 100 and stats["rejected_total"] >= replies["rejected"]

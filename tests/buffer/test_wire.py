@@ -96,7 +96,7 @@ def _frame(i, fn):
 
 
 HEADER_CASES = [
-    ("bad_schema", _set(["schema"], 2)),
+    ("bad_schema", _set(["schema"], 1)),
     ("unknown_type", _set(["type"], "gruop")),
     ("missing_field", _del("group_id")),
     ("missing_field", _del("rewards")),

@@ -9,6 +9,10 @@ The model is given as a user of the field gives one: a Hub id (`--model org/tiny
 cache (HF_HUB_CACHE, `tests.hub_cache`: the untrained tiny model), so the learner and vLLM load the cache's
 snapshot (symlinks to blobs); and the prompts carry a system prompt (`data.system_prompt`), which the
 logged samples show.
+
+Its rollouts take turns (issue 39): the environment class of docs/running.md "Tools and environments" (`Guess`,
+taken from the page) answers each turn, turns are cut at 12 tokens so the untrained model's turns go on, and
+the run's env/* metrics show several turns per trajectory and no fault.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from tests.e2e.helpers import (
     command,
     processes,
     run_session,
+    trained_rows,
 )
+from tests.envs.test_docs_examples import write_examples
 from tests.hub_cache import hub_cache
 
 pytestmark = pytest.mark.slow
@@ -41,9 +47,11 @@ RAY_MARKERS = ("ray::", "gcs_server", "raylet", "/ray/", "ray.util", "default_wo
 def test_serial_trains_in_the_driver_process_without_ray(tmp_path):
     out, log = tmp_path / "serial", tmp_path / "serial.log"
     snapshot = hub_cache(tmp_path / "hf-hub", "org/tiny", build_tiny_model(tmp_path / "tiny"))
+    guess = write_examples(tmp_path)["guess.py"]
     cmd = command(out, None, "--algo", "pacs", "--serial", "--actors", "1", "--steps", "2", "--max-staleness", "1",
                   "--model", "org/tiny", "--set", "data.system_prompt=Be exact.", "--set", "logging.samples_every=1",
-                  *UNTRAINED)
+                  "--set", f"env.environment={guess}:Guess", "--set", "env.max_turns=3",
+                  "--set", "env.max_turn_tokens=12", *UNTRAINED)
     seen: set[tuple[int, str]] = set()  # (pid, command line), every state sampled
     with open(log, "w") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True,
@@ -66,6 +74,9 @@ def test_serial_trains_in_the_driver_process_without_ray(tmp_path):
     assert_weights_changed_from(snapshot, out, 2)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["prompt"].startswith("Be exact.") for s in samples), samples  # special tokens dropped
+    assert any("try again" in s["response"] for s in samples), samples  # the environment's observation, masked
+    last = trained_rows(out)[-1]
+    assert last["env/turns_mean"] > 1 and last["env/errors"] == last["env/timeouts"] == 0, last
 
     assert any("VLLM::EngineCore" in args for _, args in seen), f"no vLLM engine seen in the run: {seen}"
     ray = {(pid, args[:200]) for pid, args in seen if any(m in args for m in RAY_MARKERS)}
