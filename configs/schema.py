@@ -32,6 +32,7 @@ from configs.shared import (
     RolloutConfig,
     WeightSyncConfig,
 )
+from configs.teacher_section import TeacherConfig
 
 
 class _SharedConfig(Section):
@@ -62,6 +63,7 @@ class _SharedConfig(Section):
     learner: LearnerConfig = Field(LearnerConfig(), description="the FSDP learner: batch geometry, optimiser, schedule, steps")
     weight_sync: WeightSyncConfig = Field(WeightSyncConfig(), description="learner → vLLM weight pushes")
     loss: LossConfig = Field(LossConfig(), description="policy-loss options shared by the algorithms")
+    teacher: TeacherConfig = Field(TeacherConfig(), description="the frozen teacher model of distillation (--algo opd)")
 
     @field_validator("algo")
     @classmethod
