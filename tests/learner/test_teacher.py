@@ -5,6 +5,7 @@ import pytest
 
 from learner.learner import Learner
 from tests.learner.helpers import make_cfg, make_groups
+from tests.learner.local_ranks import LearnerGroup
 
 
 def test_teacher_equal_to_the_policy_gives_zero_reverse_kl(tiny_dir, tokenizer):
@@ -33,3 +34,17 @@ def test_another_teacher_gives_a_signal_that_shrinks(tiny_dir, teacher_dir, toke
 def test_a_missing_teacher_is_named(tiny_dir):
     with pytest.raises(ValueError, match="teacher.path is not set"):
         Learner(make_cfg("opd"), 0, 1, tiny_dir)
+
+
+@pytest.mark.slow
+def test_the_teacher_sharded_over_two_ranks_scores_as_one_rank(tiny_dir, teacher_dir, tokenizer):
+    # FSDP2 across 2 gloo processes: the teacher is sharded like the reference model, and its log-probs (hence
+    # the reverse KL, the advantage, the loss) equal those of the one-rank learner's unsharded teacher
+    cfg = make_cfg("opd", teacher={"path": str(teacher_dir)}, learner={"batch_prompts": 4})
+    groups = make_groups(tokenizer, 4, 4, version=0)
+    with LearnerGroup(cfg, 2, str(tiny_dir), timeout_s=300) as group:
+        two = group.step(groups, version=0)
+    one = Learner(cfg, 0, 1, tiny_dir).step(groups, version=0)
+    for k in ("opd/reverse_kl", "opd/kl_adv", "loss/total", "optim/grad_norm"):
+        assert two[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), k
+    assert abs(one["opd/reverse_kl"]) > 1e-3
