@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from algos.batch import LossContext, LossTerm, StepBatch
 
 PROX = "old_logprobs"  # a `requires` name: the advantage or a provider reads π_prox before any update
+TEACHER = "teacher_logprobs"  # a `requires` name: log π_teacher of the response tokens (the model at teacher.path)
 OPTIONS_MODULE = "options"  # algos/<name>/options.py: an algorithm's options, rules and registration
 
 

@@ -33,6 +33,7 @@ from configs.shared import (
     RolloutConfig,
     WeightSyncConfig,
 )
+from configs.teacher_section import TeacherConfig
 
 
 class _SharedConfig(Section):
@@ -64,6 +65,7 @@ class _SharedConfig(Section):
     weight_sync: WeightSyncConfig = Field(WeightSyncConfig(), description="learner → vLLM weight pushes")
     loss: LossConfig = Field(LossConfig(), description="policy-loss options shared by the algorithms")
     env: EnvConfig = Field(EnvConfig(), description="multi-turn, tool-using rollouts (off by default: single-turn)")
+    teacher: TeacherConfig = Field(TeacherConfig(), description="the frozen teacher model of distillation (--algo opd)")
 
     @field_validator("algo")
     @classmethod

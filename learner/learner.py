@@ -96,8 +96,9 @@ class Learner:
         self.skipped_steps = 0
 
     # ------------------------------------------------------------------ models
-    def build_model(self, *, trainable: bool, truncate: bool = False):
-        """A sharded `TokenScorer` initialised from the run's model directory, at the sampling temperature;
+    def build_model(self, *, trainable: bool, truncate: bool = False, model_dir: str | Path | None = None):
+        """A sharded `TokenScorer` initialised from the run's model directory (or `model_dir`: the teacher's), at
+        the sampling temperature;
         with `truncate` (the policy) also top-k then top-p, the distribution vLLM sampled from
         (`learner.logprobs`). Auxiliary models (reference, PRM) score the untruncated distribution: a
         token outside their nucleus would otherwise get the −30 floor and a spurious KL or implicit reward.
@@ -105,7 +106,7 @@ class Learner:
         `learner.activation_checkpointing` resolves to on (auto: on a CUDA device)."""
         lc, s = self.cfg.learner, self.sampling
         sampling = s if truncate else dict(s, top_p=1.0, top_k=0)
-        return build_scorer(self.model_dir, mesh=self.mesh, device=self.device, dtype=self.dtype,
+        return build_scorer(self.model_dir if model_dir is None else model_dir, mesh=self.mesh, device=self.device, dtype=self.dtype,
                             trainable=trainable, **sampling, chunk_tokens=lc.logprob_chunk_tokens,
                             activation_checkpointing=trainable and self.activation_checkpointing, shard=self.fsdp,
                             trust_remote_code=self.cfg.model.trust_remote_code)

@@ -29,8 +29,10 @@ class ModelHost(Protocol):
     compute_dtype: torch.dtype
     tokenizer: Any
 
-    def build_model(self, *, trainable: bool, truncate: bool = False) -> torch.nn.Module:
-        """A new copy of the policy's initial weights, sharded like the policy (a `TokenScorer`)."""
+    def build_model(self, *, trainable: bool, truncate: bool = False,
+                    model_dir: str | Path | None = None) -> torch.nn.Module:
+        """A new copy of the policy's initial weights (or of the HF model in `model_dir`), sharded like the
+        policy (a `TokenScorer`)."""
 
     def reference(self) -> torch.nn.Module:
         """The frozen reference policy (built once, shared by every provider that asks)."""

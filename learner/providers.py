@@ -5,7 +5,8 @@ provider registered under each name here (`build_providers`). An output named "r
 `StepBatch.ref_logprobs`; every other name goes to `extras`. What a provider is and may use:
 `learner.provider_base`.
 
-Built in: "ref_logprobs" (frozen reference policy, below), "prime_q" (PRIME's implicit PRM,
+Built in: "ref_logprobs" (frozen reference policy, below), "teacher_logprobs" (the frozen teacher of
+`teacher.path`, below), "prime_q" (PRIME's implicit PRM,
 `learner.prm.prime`), "process_rewards" (PURE's step scores, `learner.prm.pure`); `register_provider`
 adds one.
 """
@@ -13,15 +14,17 @@ adds one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from algos.spec import TEACHER
 from learner.prm.prime import ImplicitPRM
 from learner.prm.pure import ProcessRewards
 from learner.provider_base import ModelHost, Provider, ProviderContext, run_scorer
 
-__all__ = ["PROVIDERS", "ModelHost", "Provider", "ProviderContext", "ReferenceLogprobs", "build_providers",
-           "register_provider", "run_scorer"]
+__all__ = ["PROVIDERS", "ModelHost", "Provider", "ProviderContext", "ReferenceLogprobs", "TeacherLogprobs",
+           "build_providers", "register_provider", "run_scorer"]
 
 
 class ReferenceLogprobs(Provider):
@@ -35,9 +38,28 @@ class ReferenceLogprobs(Provider):
         return {"ref_logprobs": self.host.reference_logprobs(ctx)}
 
 
+class TeacherLogprobs(Provider):
+    """log π_teacher of the response tokens under the frozen teacher model of `teacher.path`, built like the
+    reference model: frozen, in model.dtype, sharded over the learner ranks (FSDP2 when world_size > 1), at
+    the sampling temperature without top-k/top-p (`ModelHost.build_model`). The student's prompt and response
+    token ids are scored as they are: preflight refused a teacher whose tokenizer differs
+    (`launch.prep.teacher_check`)."""
+
+    def __init__(self, host: ModelHost):
+        path = host.cfg.teacher.path
+        if path is None:
+            raise ValueError("the algorithm requires the teacher's log-probs, but teacher.path is not set — set it to "
+                             "the teacher's HF model directory")
+        self.model = host.build_model(trainable=False, model_dir=Path(path))  # at start-up: a broken model fails now
+
+    def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
+        return {TEACHER: run_scorer(self.model, ctx) * ctx.response_mask}
+
+
 ProviderFactory = Callable[[ModelHost], Provider]
 PROVIDERS: dict[str, ProviderFactory] = {
     "ref_logprobs": ReferenceLogprobs,
+    TEACHER: TeacherLogprobs,
     "prime_q": ImplicitPRM,
     "process_rewards": ProcessRewards,
 }

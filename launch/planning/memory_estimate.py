@@ -15,6 +15,8 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
     reference model    frozen(P)             when the algorithm asks for reference log-probs
     PURE's HF PRM      frozen(P_prm)         pure.prm=hf (any HF directory an algorithm names in
                                              `AlgoSpec.files` counts so), sharded like the reference
+    teacher            frozen(P_teacher)     teacher.path, when the algorithm asks for the teacher's
+                                             log-probs (--algo opd), sharded like the reference
   frozen(P) = P × d / world + R × d: a frozen model sharded with FSDP2 over the ranks, whose root unit
   (its embedding and head) is whole while it runs; P × d on a world of one (unsharded).
   rank 0 only, on the GPU:
@@ -63,11 +65,11 @@ class LearnerMemory:
 
 def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: int, checkpointing: bool,
                    dtype_bytes: int = 2, delta: bool = False, reference: bool = False,
-                   aux: tuple[ModelShape, ...] = (), bucket_bytes: float = 256 * 2**20,
-                   activations: float | None = None) -> LearnerMemory:
+                   aux: tuple[ModelShape, ...] = (), teacher: ModelShape | None = None,
+                   bucket_bytes: float = 256 * 2**20, activations: float | None = None) -> LearnerMemory:
     """The module docstring's budget for one rank (pure arithmetic). aux: the frozen HF models the
-    algorithm loads (PURE's PRM); activations: measured bytes of one micro-batch's activations (None:
-    the formula)."""
+    algorithm loads (PURE's PRM); teacher: the distillation teacher's shape (None: no teacher);
+    activations: measured bytes of one micro-batch's activations (None: the formula)."""
     p, d, h = shape.parameters(), dtype_bytes, shape.hidden
     root = shape.vocab * h * (1 if shape.tied else 2)
     layer = (p - root - h) / shape.layers
@@ -85,6 +87,8 @@ def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: 
     if reference:
         every.append(("reference", frozen(shape)))
     every += [("HF PRM", frozen(s)) for s in aux]
+    if teacher is not None:
+        every.append(("teacher", frozen(teacher)))
     rank0 = [("send buffers", (PRODUCER_SLOTS + 1) * max(bucket_bytes, shape.vocab * h * d))]
     host = [("push staging", pinned_host_bytes(p * d, delta))]
     return LearnerMemory(tuple(every), tuple(rank0), tuple(host))
@@ -108,8 +112,8 @@ def micro_batch_tokens(cfg: RunConfig, gpu: bool) -> int:
 
 def run_memory(cfg: RunConfig, shape: ModelShape, gpu: bool = True, activations: float | None = None) -> LearnerMemory:
     """`learner_memory` for a run's learner ranks on a GPU (`gpu`) or CPU: its micro-batch, log-prob chunk,
-    checkpointing, dtype, push mode, reference model and the HF models its algorithm loads
-    (`aux_shapes`). The start line and `algo-train doctor` both count with this."""
+    checkpointing, dtype, push mode, reference model, the HF models its algorithm loads
+    (`aux_shapes`) and its teacher (`teacher_shape`). The start line and `algo-train doctor` both count with this."""
     import algos
 
     lc = cfg.learner
@@ -120,7 +124,8 @@ def run_memory(cfg: RunConfig, shape: ModelShape, gpu: bool = True, activations:
                           dtype_bytes=DTYPE_BYTES[cfg.model.resolved_dtype(gpu)],
                           delta=cfg.weight_sync.mode == "delta",
                           reference="ref_logprobs" in algos.get(cfg.algo).requires(cfg),
-                          aux=aux_shapes(cfg), bucket_bytes=cfg.weight_sync.bucket_mb * 2**20,
+                          aux=aux_shapes(cfg), teacher=teacher_shape(cfg),
+                          bucket_bytes=cfg.weight_sync.bucket_mb * 2**20,
                           activations=activations)
 
 
@@ -152,3 +157,18 @@ def aux_shapes(cfg: RunConfig) -> tuple[ModelShape, ...]:
             with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
                 shapes.append(ModelShape.read(value_of(cfg, key)))
     return tuple(shapes)
+
+
+def teacher_shape(cfg: RunConfig) -> ModelShape | None:
+    """The shape of teacher.path when the algorithm scores with a teacher (`algos.spec.TEACHER` in its
+    requirements), sharded over the ranks like the reference model; None without one, or when its
+    config.json is unreadable (preflight refuses such a teacher)."""
+    import algos
+    from algos.spec import TEACHER
+
+    if cfg.teacher.path is None or TEACHER not in algos.get(cfg.algo).requires(cfg):
+        return None
+    try:
+        return ModelShape.read(cfg.teacher.path)
+    except (OSError, KeyError, TypeError, ValueError):
+        return None

@@ -26,7 +26,10 @@ It writes nothing. Checked, in order:
 - reward.fn: loads and its parameter names fit our, veRL's or TRL's shape, a TRL one's columns those of the
   data (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
-  with a tokenizer, or a function that loads.
+  with a tokenizer, or a function that loads;
+- teacher.path (algorithms that require the teacher's log-probs, `--algo opd`): set, an HF directory (or a
+  cached Hub id) whose config transformers reads, with a logit for every token id of the student, and the
+  student's tokenizer (`launch.prep.teacher_check`: vocabulary, eos/bos, chat template).
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ import json
 from pathlib import Path
 
 import algos
+from algos.spec import TEACHER
 from configs.loading import value_of
 from configs.schema import RunConfig
 from launch.planning.versions import vllm_problem
 from launch.prep.data import load_prompt_records, match_demos, prompt_style, read_file
 from launch.prep.hub import ModelNotCached, model_dir
+from launch.prep.teacher_check import FIX, tokenizer_difference
 from tasks.loaders import HUB_DATA
 from tasks.records import DataError
 from tasks.rewards import RewardSpecError, check_reward_fn, data_columns, reward_name
@@ -83,6 +88,8 @@ def preflight(cfg: RunConfig) -> None:
     for key, kind in spec.files(cfg):
         check_algorithm_file(cfg, key, kind)
     check_env(cfg, tokenizer)
+    if TEACHER in spec.requires(cfg):
+        check_teacher(cfg, tokenizer)
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
                              "logging.wandb=false")
@@ -239,3 +246,41 @@ def check_env(cfg: RunConfig, tokenizer) -> None:
     except Exception as e:
         raise PreflightError(f"env: the chat template cannot render an observation after a policy turn ({e}) — "
                              "give one that renders tool/user messages with data.chat_template") from None
+
+
+def check_teacher(cfg: RunConfig, student_tokenizer=None) -> None:
+    """teacher.path names a loadable HF model with the student's tokenizer (`launch.prep.teacher_check`);
+    `student_tokenizer`: model.path's (None: the built-in model's)."""
+    if cfg.teacher.path is None:
+        raise PreflightError(f"teacher.path: --algo {cfg.algo} distills from a teacher and none is named — set "
+                             "teacher.path to a local HF model directory or a Hub id in the local HF cache "
+                             "(--set teacher.path=DIR)")
+    try:
+        path = model_dir(cfg.teacher.path, key="teacher.path")
+    except ModelNotCached as e:
+        raise PreflightError(str(e)) from None
+    teacher = check_hf_dir("teacher.path", path, cfg.model.trust_remote_code)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise PreflightError(f"teacher.path: transformers cannot read the model config in {path} ({why}) — point "
+                             "teacher.path at a model this transformers loads (or set model.trust_remote_code "
+                             "for one that ships its code)") from None
+    if student_tokenizer is None:
+        from tasks.tiny_model import build_tokenizer
+
+        student_tokenizer = build_tokenizer()
+    d = cfg.data
+    difference = tokenizer_difference(student_tokenizer, teacher,
+                                      compare_template=d.prompt_format == "chat" and d.chat_template is None)
+    if difference:
+        raise PreflightError(f"teacher.path: the teacher's tokenizer ({path}) is not the student's: {difference} "
+                             f"— {FIX}")
+    vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
+    if vocab is not None and vocab < len(student_tokenizer):
+        raise PreflightError(f"teacher.path: the teacher's model has {vocab} logits (config.json vocab_size) but the "
+                             f"tokenizer has {len(student_tokenizer)} tokens — save the model with its embeddings "
+                             "resized to the tokenizer (model.resize_token_embeddings(len(tokenizer)))")

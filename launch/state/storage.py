@@ -28,12 +28,13 @@ from configs.schema import RunConfig
 
 # Every config key that holds a filesystem path (dotted: section.field), with each algorithm's own
 # (`AlgoSpec.path_keys`, e.g. pure.prm_path).
-PATH_KEYS = ("model.path", "model.cache_dir", "data.path", "data.eval_path", "data.demos", "logging.output_dir",
+PATH_KEYS = ("model.path", "teacher.path", "model.cache_dir", "data.path", "data.eval_path", "data.demos", "logging.output_dir",
              "resume", *(key for name in algos.names() for key in algos.get(name).path_keys))
+MODEL_KEYS = ("model.path", "teacher.path")  # keys that may hold a Hub model id (`launch.prep.hub`)
 
 WHAT_MUST_BE_SHARED = (
     "every node must see the run folder (--output), the model (model.path, or model.cache_dir for the built-in "
-    "model) and the data files (data.path, data.eval_path, data.demos) at the same absolute path, readable and "
+    "model), the teacher (teacher.path) and the data files (data.path, data.eval_path, data.demos) at the same absolute path, readable and "
     "the run folder writable — put them on a filesystem mounted on every node at the same mount point (NFS, "
     "Lustre, ...); see docs/running.md, 'On a cluster'")
 
@@ -50,8 +51,9 @@ def absolutize(cfg: RunConfig, cwd: str | Path) -> RunConfig:
     A path starting with `~` is expanded for the user running `algo-train`; a relative one is joined
     to `cwd` (the directory `algo-train` was started in). Lexical only: symlinks are not resolved (a
     symlinked mount point keeps the name every node knows) and the path need not exist yet. Not paths,
-    so left alone: a Hub dataset (`hf://...`) and chat-template text; a Hub model id in model.path
-    becomes its snapshot directory in the local HF cache (`launch.prep.hub`), which every node must see.
+    so left alone: a Hub dataset (`hf://...`) and chat-template text; a Hub model id in model.path or
+    teacher.path becomes its snapshot directory in the local HF cache (`launch.prep.hub`), which every node
+    must see.
     """
     from configs.data_section import is_template_file
     from launch.prep.hub import cached_snapshot, is_hub_id
@@ -66,8 +68,8 @@ def absolutize(cfg: RunConfig, cwd: str | Path) -> RunConfig:
         value = getattr(holder, field)
         if value is None or value.startswith(HUB_DATA):
             continue
-        if key == "model.path" and is_hub_id(value, base):
-            value = str(cached_snapshot(value))
+        if key in MODEL_KEYS and is_hub_id(value, base):
+            value = str(cached_snapshot(value, key))
         setattr(holder, field, str(base / Path(value).expanduser()))
     return out
 
@@ -76,6 +78,8 @@ def shared_paths(cfg: RunConfig, model_dir: str | Path) -> dict[str, str]:
     """{config key: path} of the inputs every node opens: the model directory the roles load (the
     built-in model's lies under model.cache_dir) and the data files that are set."""
     paths = {"model.path" if cfg.model.path else "model.cache_dir": str(model_dir)}
+    if cfg.teacher.path is not None:
+        paths["teacher.path"] = cfg.teacher.path
     for key in ("data.path", "data.eval_path", "data.demos"):
         value = getattr(cfg.data, key.split(".")[1])
         if value is not None:

@@ -38,6 +38,10 @@ def provide(batch: StepBatch, requirement: str) -> None:
     mask = batch.response_mask
     if requirement == "ref_logprobs":
         batch.ref_logprobs = batch.old_logprobs - 0.1 * mask
+    elif requirement == "old_logprobs":  # π_prox: every batch here has it
+        assert batch.old_logprobs is not None
+    elif requirement == "teacher_logprobs":
+        batch.extras["teacher_logprobs"] = batch.old_logprobs - torch.rand(B, T, generator=g) * mask
     elif requirement == "prime_q":
         batch.extras["prime_q"] = torch.randn(B, T, generator=g) * mask
     elif requirement == "process_rewards":

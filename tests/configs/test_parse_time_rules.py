@@ -88,7 +88,7 @@ def test_dry_run_annotates_every_key_lists_choices_and_shows_one_algorithm():
     assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
     assert "  credit: minform  # " in text and "[choices: minform | uniform | strict | gamma]" in text
     assert "    ops: [+, '-']  # operators to draw from [choices: + | - | *]" in text
-    assert "[choices: grpo | luffy | pacs | prime | pure | rloo | sft]" in lines[0]
+    assert "[choices: grpo | luffy | opd | pacs | prime | pure | rloo | sft]" in lines[0]
     top = {line.split(":")[0] for line in lines if not line.startswith(" ")}
     assert "pure" in top and not top & {"grpo", "prime", "luffy", "pacs"}
     assert "response limit per sample, tokens: generation is cut there" in text

@@ -85,3 +85,19 @@ def test_the_reference_counts_when_the_algorithm_asks_for_it(tmp_path):
     with_kl = resolve("pure", overrides=["pure.kl_coef=0.01", "loss.kl_coef=0"])
     assert "reference" in dict(run_memory(with_kl, shape).every_rank)
     assert "reference" not in dict(run_memory(resolve("pure", overrides=["pure.kl_coef=0"]), shape).every_rank)
+
+
+def test_the_teacher_counts_sharded_like_the_reference(tmp_path):
+    """--algo opd's teacher (teacher.path) is a frozen model on every rank: a 7B teacher of a 7B student on 8
+    ranks adds its eighth in bf16 (7.615e9 × 2 / 8 = 1.9 GB) + its root unit whole while it runs (2 × 152064 ×
+    3584 × 2 = 2.2 GB) = 4.1 GB per rank, as PURE's PRM does; without a teacher in the requirements, nothing."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+    shape = ModelShape.from_config(QWEN_7B)
+    p, root = 7_615_487_488, 2 * 152064 * 3584
+    opd = resolve("opd", overrides=[f"teacher.path={tmp_path}", "learner.world_size=8", "learner.batch_prompts=8"])
+    items = dict(run_memory(opd, shape).every_rank)
+    assert items["teacher"] == p * 2 / 8 + root * 2 == pytest.approx(4.08e9, rel=1e-3)
+    grpo = resolve("grpo", overrides=[f"teacher.path={tmp_path}"])  # set, but GRPO scores with no teacher
+    assert "teacher" not in dict(run_memory(grpo, shape).every_rank)
+    (tmp_path / "config.json").write_text("{")
+    assert "teacher" not in dict(run_memory(opd, shape).every_rank)  # unreadable: preflight refuses it

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.loading import resolve
+from configs.loading import ConfigError, resolve
 from launch.state.storage import (
     CHECK_DIR,
     WHAT_MUST_BE_SHARED,
@@ -43,6 +43,15 @@ def test_shared_paths_name_the_keys_the_user_set():
     assert shared_paths(built_in, "/c/tiny-sft-1") == {"model.cache_dir": "/c/tiny-sft-1"}
     own = resolve("grpo", flags={"model.path": "/m", "data.path": "/d.parquet", "data.task": "file"})
     assert shared_paths(own, "/m") == {"model.path": "/m", "data.path": "/d.parquet"}
+
+
+def test_the_teacher_path_is_made_absolute_and_shared():
+    cfg = resolve("opd", flags={"teacher.path": "./models/teacher"})
+    out = absolutize(cfg, "/work/here")
+    assert out.teacher.path == "/work/here/models/teacher"
+    assert shared_paths(out, "/c/tiny")["teacher.path"] == "/work/here/models/teacher"
+    with pytest.raises(ConfigError, match="teacher.path: org/no-such-teacher is not a local directory"):
+        absolutize(resolve("opd", flags={"teacher.path": "org/no-such-teacher"}), "/work/here")
 
 
 def test_probe_reports_a_missing_marker_another_folder_and_a_missing_input(tmp_path):

@@ -15,6 +15,12 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory):
+    """Another tiny model (other weights, the same tokenizer): a teacher for `--algo opd`."""
+    return build_tiny_model(tmp_path_factory.mktemp("learner_models") / "teacher", seed=1)
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_dir):
     return AutoTokenizer.from_pretrained(tiny_dir)
 

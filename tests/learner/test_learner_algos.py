@@ -13,7 +13,7 @@ from learner import batching
 from learner.learner import Learner
 from tests.learner.helpers import full_weights, make_cfg, make_groups
 
-ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft"]
+ALGOS = ["grpo", "rloo", "prime", "pure", "luffy", "pacs", "sft", "opd"]
 # (algo, config overrides): every algorithm with defaults, plus the PRIME reference/update variant
 CASES = [(a, {}) for a in ALGOS] + [("prime", {"prime": {"ref": "policy", "update": "double"}})]
 COMMON_KEYS = {"loss/total", "optim/grad_norm", "optim/lr", "time/learner_compute_s", "throughput/learner_tokens_per_s",
@@ -23,7 +23,8 @@ DRIVER_KEYS = set(step_row([], StepTimes(0.0, 0.0, 0.0, since_last_s=1.0, wall_s
                            actor_restarts=0, buffer_restarts=0, actor_reports=[]))
 ALGO_KEYS = {"prime": {"prime/prm_version", "prime/prm_loss", "prime/q_mean"},
              "pure": {"pure/min_step_score", "pure/num_steps"}, "luffy": {"luffy/offpolicy_frac"},
-             "pacs": {"pacs/bce"}, "sft": {"loss/nll"}, "grpo": {"pg/clipfrac", "is/ess"}}
+             "pacs": {"pacs/bce"}, "sft": {"loss/nll"}, "grpo": {"pg/clipfrac", "is/ess"},
+             "opd": {"opd/reverse_kl", "opd/kl_adv"}}
 
 
 def test_registry_names_match():
@@ -31,8 +32,8 @@ def test_registry_names_match():
 
 
 @pytest.mark.parametrize("algo,overrides", CASES, ids=[a + ("-variant" if o else "") for a, o in CASES])
-def test_one_step_changes_weights_with_finite_metrics(algo, overrides, tiny_dir, tokenizer, monkeypatch):
-    cfg = make_cfg(algo, **overrides)
+def test_one_step_changes_weights_with_finite_metrics(algo, overrides, tiny_dir, teacher_dir, tokenizer, monkeypatch):
+    cfg = make_cfg(algo, **overrides, **({"teacher": {"path": str(teacher_dir)}} if algo == "opd" else {}))
     learner = Learner(cfg, 0, 1, tiny_dir)
     groups = make_groups(tokenizer, 2, 4, version=3, demo_rows=1 if algo == "luffy" else 0)
     seen: list[list[int]] = []
