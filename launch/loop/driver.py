@@ -215,7 +215,8 @@ class Driver:
             if not self.recovery.check_actors():  # not a dead actor's fault
                 raise
             result = self.graph.evaluate(self.data.eval)
-        return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], "time/eval_s": time.monotonic() - t0}
+        tools = {"eval/tool_share": result["tool_share"]} if "tool_share" in result else {}
+        return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], **tools, "time/eval_s": time.monotonic() - t0}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
