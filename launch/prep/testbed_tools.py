@@ -4,9 +4,11 @@ The task is the step-by-step testbed's steps-hard level (7-8 digit + and −), w
 column steps scores 0.00: the warm model never saw a column of that length. The run offers the built-in exact
 calculator (`env.tools: [calculator]`), so the one way to those answers is to call it.
 
-The warm model (configs/testbeds/tools.yaml: the steps testbed's 4-layer shape) is SFT-warmed on steps-main
-problems, like the steps testbed's, with `model.sft_warmup_steps` steps and no accuracy stop. A share
-`TOOL_DEMO_SHARE` of its demonstrations use the calculator instead of columns, written as the rollout writes a
+The warm model (configs/testbeds/tools.yaml: the steps testbed's 4-layer shape) is SFT-warmed for
+`model.sft_warmup_steps` steps (no accuracy stop) on the steps testbed's noisy column demonstrations of
+steps-main problems, plus `HARD_DEMOS` steps-hard train problems answered bare (`\\boxed{N}`, no work: an
+answer the model cannot compute, so it learns the form, not the sum). On both, a seeded share
+`TOOL_DEMO_SHARE` of the demonstrations call the calculator instead, written as the rollout writes a
 trajectory (`tool_demo`):
 
     [policy]       <tool_call>{"name": "calculator", "arguments": {"expression": "48213+9377"}}</tool_call></s>
@@ -15,11 +17,11 @@ trajectory (`tool_demo`):
 
 The tool call is the Hermes/Qwen format `envs.tool_calls` reads; the environment tokens are the ones the
 actor appends (`envs.render.ObservationRenderer`, the same template and tokenizer), marked as environment
-tokens (`Sample.env_mask`): SFT takes no loss on them, as RL takes none. Why a minority share: the column
-demonstrations are the majority, so the warm model's greedy answer on a steps-hard problem is columns (0.00)
-and only some of its samples call the tool — RL has a tool-call share and an accuracy to raise. The steps-hard
-problems themselves are never in the warm-up: calling the tool with 7-8 digit operands is the 4-5 digit
-demonstrations' habit carried over.
+tokens (`Sample.env_mask`): SFT takes no loss on them, as RL takes none. Why a minority share: on a steps-hard
+prompt the warm model then answers bare, and wrongly, most of the time (greedy: always) and calls the tool in
+about a quarter of its samples, so RL has a tool-call share and an accuracy to raise. Why steps-hard prompts
+in the warm-up at all: with 4-5 digit tool demonstrations only, the warm model's tool calls on 7-8 digit
+prompts came out garbled (0.3 % well-formed; `bench/tools_testbed.md`), and RL never saw a reward.
 
 The warm model is cached beside the steps testbed's (`warm_plan`'s key of the same warm-up, plus the key of
 the tool demonstrations: `tools_warm_dir`); its `warmup.json` holds the build's seconds and the warm policy's
@@ -38,9 +40,11 @@ import numpy as np
 
 from configs.schema import RunConfig
 
-TOOL_DEMO_SHARE = 0.25  # share of the warm-up's demonstrations that call the calculator instead of writing columns
-TOOL_DEMO_FORMAT = 1  # bump when `tool_demo` writes something else: it enters the cache key
+TOOL_DEMO_SHARE = 0.25  # share of the warm-up's demonstrations that call the calculator, on either level
+HARD_DEMOS = 2000  # steps-hard train problems in the warm-up: the tool share of them call it, the rest answer bare
+TOOL_DEMO_FORMAT = 2  # bump when the demonstrations change: it enters the cache key
 TOOL = "calculator"
+HARD = "steps-hard"  # the run's level (configs/testbeds/tools.yaml)
 
 
 def tool_call_text(expression: str) -> str:
@@ -77,29 +81,39 @@ def tools_warm_dir(wcfg: RunConfig) -> Path:
     from launch.prep.model_prep import _key, warm_plan
 
     plain = warm_plan(wcfg)[0]
-    key = _key({"share": TOOL_DEMO_SHARE, "format": TOOL_DEMO_FORMAT, "tool": TOOL})
+    key = _key({"share": TOOL_DEMO_SHARE, "hard": HARD_DEMOS, "format": TOOL_DEMO_FORMAT, "tool": TOOL})
     return plain.with_name(f"{plain.name}-tools-{key}")
 
 
-def warmup_demos(wcfg: RunConfig, tokenizer, style) -> tuple[dict, dict, dict]:
-    """(demo ids, prompt ids, environment masks) by prompt index: the noisy column demonstrations of `wcfg`'s
-    train problems, a seeded `TOOL_DEMO_SHARE` of them replaced by tool demonstrations."""
+def warmup_demos(wcfg: RunConfig, tokenizer, style, hard: int = HARD_DEMOS) -> tuple[dict, dict, dict]:
+    """(demo ids, prompt ids, environment masks) by key (module docstring): the noisy column demonstrations of
+    `wcfg`'s train problems (keys 0...), then `hard` steps-hard train problems answered bare, `\\boxed{N}` (keys
+    from `wcfg.data.train_prompts` on); a seeded `TOOL_DEMO_SHARE` of both replaced by tool demonstrations."""
     from actors.prompts import encode_prompt
     from envs.render import ObservationRenderer
     from launch.prep.data import arithmetic_config, tokenize_demos
     from tasks import demonstration_records, make_splits
+    from tasks.arithmetic import level_config, sample_problems
 
     train, _ = make_splits(wcfg.data.train_prompts, wcfg.data.eval_prompts, seed=wcfg.data.seed,
                            config=arithmetic_config(wcfg))
     records = demonstration_records(train, error_rate=wcfg.model.sft_error_rate, seed=wcfg.data.seed)
     demos = tokenize_demos(records, records, tokenizer, Path("synthetic demonstrations"))
-    prompts = {i: tuple(encode_prompt(tokenizer, records[i].prompt, style)) for i in demos}
+    problems = dict(enumerate(train))
+    for k, p in enumerate(sample_problems(hard, split="train", seed=wcfg.data.seed, config=level_config(HARD)) if hard
+                          else []):
+        key = len(train) + k
+        problems[key] = p
+        demos[key] = np.asarray([*tokenizer(f"\\boxed{{{p.answer}}}", add_special_tokens=False)["input_ids"],
+                                 tokenizer.eos_token_id], np.int32)
+    prompts = {i: tuple(encode_prompt(tokenizer, [{"role": "user", "content": problems[i].prompt}], style))
+               for i in demos}
     renderer = ObservationRenderer(tokenizer, style.chat_template, style.tools)
     rng = random.Random(f"{wcfg.data.seed}:tool-demos")
     env = {}
     for i in sorted(demos):
         if rng.random() < TOOL_DEMO_SHARE:
-            demos[i], env[i] = tool_demo(train[i], tokenizer, renderer)
+            demos[i], env[i] = tool_demo(problems[i], tokenizer, renderer)
     return demos, prompts, env
 
 

@@ -80,10 +80,16 @@ def test_the_warm_up_mixes_a_share_of_tool_demonstrations_and_reports_the_warm_p
                              "data.train_prompts=400"])
     wcfg = warm_config(cfg)
     tok = build_tokenizer()
-    demos, prompts, env = warmup_demos(wcfg, tok, prompt_style(wcfg))
-    assert set(env) <= set(demos) == set(prompts) and len(demos) == 400
-    assert abs(len(env) / len(demos) - TOOL_DEMO_SHARE) < 0.07  # seeded draw: 400 demos, sd 0.022
+    demos, prompts, env = warmup_demos(wcfg, tok, prompt_style(wcfg), hard=100)
+    assert set(env) <= set(demos) == set(prompts) == set(range(500))
+    assert abs(len(env) / len(demos) - TOOL_DEMO_SHARE) < 0.06  # seeded draw: 500 demos, sd 0.019
     assert all(env[i].any() and not np.asarray(env[i])[-1] for i in env)
+    bare = [i for i in range(400, 500) if i not in env]  # steps-hard problems answered bare
+    for i in bare[:3]:
+        question = tok.decode(list(prompts[i]))
+        p = Problem.from_prompt(question)
+        assert len(str(p.a)) >= 7 and tok.decode(list(demos[i])) == f"\\boxed{{{p.answer}}}</s>"
+    assert any(i >= 400 for i in env) and any(i < 400 for i in env)  # tool demonstrations on both levels
 
     small = resolve("grpo", str(yaml_of_testbed("tools")),
                     overrides=[f"model.cache_dir={tmp_path / 'cache'}", *TINY, "model.sft_warmup_steps=2"])
