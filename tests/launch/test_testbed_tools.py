@@ -100,3 +100,20 @@ def test_the_warm_up_mixes_a_share_of_tool_demonstrations_and_reports_the_warm_p
                                                                 "sampled_accuracy", "sampled_tool_share"}
     assert path == warm_dir(small, "tools") and any("calling the calculator instead" in m for m in logs)
     assert prepare_tools_warm(warm_config(small), small, log=logs.append) == path  # cached
+
+
+def test_env_tool_share_is_the_batch_share_of_generated_rows_with_environment_tokens():
+    from buffer.records import Group, Sample
+    from launch.loop.metrics import tool_rows
+
+    def row(env_tokens: int, demo: bool = False) -> Sample:
+        env = np.zeros(6, bool)
+        env[2:2 + env_tokens] = True
+        return Sample(np.arange(6), np.zeros(6), np.zeros(6, np.int32), np.zeros(6, bool), 1.0,
+                      finish_reason="demo" if demo else "stop", env_mask=env)
+
+    groups = [Group("g0", 0, np.arange(3), [row(2), row(0), row(0)]), Group("g1", 1, np.arange(3), [row(1), row(3, True)])]
+    counts = {"env/trajectories": 9}
+    # 4 generated rows (the demonstration row is left out), 2 of them hold environment tokens: 2/4
+    assert tool_rows(groups, counts) == {"env/trajectories": 9, "env/tool_share": 0.5}
+    assert tool_rows(groups, {}) == {}  # a single-turn run: no env/* key at all
