@@ -1,18 +1,22 @@
 """Async where it pays: samples/s of this system against its synchronous loop, with a tool that waits L seconds.
 
-    python bench/tool_latency.py [--latencies 0 0.25 1] [--steps 12] [--skip 2] [--out-dir DIR] [--reuse]
+    python bench/tool_latency.py [--latencies 0 0.25 1] [--steps 16] [--skip 4] [--out-dir DIR] [--reuse]
                                  [--set key=value ...]
 
 One run of this script starts, for each L, two `algo-train --algo grpo` runs of the quick-start's tiny model with
 multi-turn rollouts (`env.environment=bench/sleep_env.py:Sleep<L>`: every trajectory waits L seconds of wall
 time, asleep, between its two turns) and nothing else changed but:
 
-  async  buffer.max_staleness as configs/grpo.yaml has it (auto: K from 1 to 4 chosen from measured times)
-  sync   --max-staleness 0: no prompt starts until the learner holds the version it is generated under, so
-         generation never overlaps training or a weight push. It is this system's synchronous loop, not a
-         serial one: within a step, the batch's prompts (and each prompt's n trajectories) still generate
-         concurrently on the engine, and their tool waits overlap one another (as in veRL's and TRL's
-         synchronous trainers, whose rollout phase is batched too).
+  async       buffer.max_staleness as configs/grpo.yaml has it (auto: K from 1 to 4 chosen from measured times)
+              and 16 prompts in flight
+  async-wide  K = 4 from the start and 40 prompts in flight, the most the credit of K = 4 allows
+              ((K + 1) × learner.batch_prompts): a trajectory asleep holds no engine slot (each turn is its
+              own request), so with a slow tool more prompts in flight is cheap
+  sync        --max-staleness 0: no prompt starts until the learner holds the version it is generated under, so
+              generation never overlaps training or a weight push. It is this system's synchronous loop, not
+              a serial one: within a step, the batch's prompts (and each prompt's n trajectories) still
+              generate concurrently on the engine, and their tool waits overlap one another (as in veRL's
+              and TRL's synchronous trainers, whose rollout phase is batched too).
 
 samples/s: rows trained over the training seconds of the steps after the first `--skip` (`bench.runs.
 steady_state`: the engine start, the first steps and any evaluation are left out; evaluations are off here).
@@ -32,15 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.runs import fmt, load_rows, log, machine, markdown_table, ratio, run_algo_train, steady_state  # noqa: E402
 
 ENVS = {0.0: "Sleep0", 0.25: "Sleep025", 1.0: "Sleep1"}  # bench/sleep_env.py
-MODES = {"async": [], "sync": ["buffer.max_staleness=0"]}
+MODES = {"async": [], "async-wide": ["buffer.max_staleness=4", "rollout.prompts_in_flight=40"],
+         "sync": ["buffer.max_staleness=0"]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--latencies", type=float, nargs="+", default=sorted(ENVS), help="tool wall times L, seconds "
                    f"(of {', '.join(f'{x:g}' for x in ENVS)})")
-    p.add_argument("--steps", type=int, default=12, help="learner steps per run")
-    p.add_argument("--skip", type=int, default=2, help="first steps left out of samples/s")
+    p.add_argument("--steps", type=int, default=16, help="learner steps per run")
+    p.add_argument("--skip", type=int, default=4, help="first steps left out of samples/s")
     p.add_argument("--out-dir", default="bench_runs/tool_latency", help="run folders, logs and the table")
     p.add_argument("--reuse", action="store_true", help="analyse the finished runs in --out-dir, start none")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run at most")
@@ -80,11 +85,14 @@ def main(argv: list[str] | None = None) -> int:
                                       "steps": st.steps, "seconds": st.seconds, "samples": st.samples,
                                       "run_seconds": res.seconds}
             log(f"[{name}] {fmt(st.samples_per_s, '.2f')} samples/s over steps {st.steps[:1]}..{st.steps[-1:]}")
+    def rate(x: float, mode: str) -> float | None:
+        return results[x, mode].get("samples_per_s")
+
     table = markdown_table(
-        ["tool wait L (s)", "async samples/s", "sync (--max-staleness 0) samples/s", "async / sync"],
-        [[f"{x:g}", fmt(results[x, "async"].get("samples_per_s"), ".2f"),
-          fmt(results[x, "sync"].get("samples_per_s"), ".2f"),
-          fmt(ratio(results[x, "async"].get("samples_per_s"), results[x, "sync"].get("samples_per_s")), ".2f") + "×"]
+        ["tool wait L (s)", "async samples/s", "async-wide samples/s", "sync (--max-staleness 0) samples/s",
+         "async / sync", "async-wide / sync"],
+        [[f"{x:g}", *(fmt(rate(x, m), ".2f") for m in MODES),
+          *(fmt(ratio(rate(x, m), rate(x, "sync")), ".2f") + "×" for m in ("async", "async-wide"))]
          for x in args.latencies])
     print(table)
     out.mkdir(parents=True, exist_ok=True)
