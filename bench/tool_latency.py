@@ -3,7 +3,7 @@
     python bench/tool_latency.py [--latencies 0 0.25 1] [--steps 16] [--skip 4] [--out-dir DIR] [--reuse]
                                  [--set key=value ...]
 
-One run of this script starts, for each L, two `algo-train --algo grpo` runs of the quick-start's tiny model with
+One run of this script starts, for each L, three `algo-train --algo grpo` runs of the quick-start's tiny model with
 multi-turn rollouts (`env.environment=bench/sleep_env.py:Sleep<L>`: every trajectory waits L seconds of wall
 time, asleep, between its two turns) and nothing else changed but:
 
