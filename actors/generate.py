@@ -37,6 +37,7 @@ from actors.prompts import PromptItem
 from actors.rows import prefix_only_sample, sample_from_completion
 from actors.turns import turn_of
 from buffer.records import Sample
+from envs.episode import EnvFault
 from tasks.rewards import score_all
 
 logger = logging.getLogger(__name__)
@@ -273,10 +274,37 @@ class GroupSampler:
             comps = await self._request(item.prompt_ids, params, "eval", salt)
             return (await self._score([list(comps[0].token_ids)], item))[0]
 
+        if self.multiturn is not None:
+            return await self._evaluate_turns(items, temp, max_tokens or self.s.max_tokens, salt)
         rewards = await asyncio.gather(*(one(i) for i in items))
         n = len(rewards)
         return {"accuracy": sum(rewards) / n if n else float("nan"), "n": n,
                 "per_prompt": [[item.prompt_index, r] for item, r in zip(items, rewards)]}
+
+    async def _evaluate_turns(self, items: Sequence[PromptItem], temp: float, max_tokens: int, salt) -> dict:
+        """`evaluate` of a multi-turn run: one trajectory per prompt through the run's tools or environment, each
+        turn a request at the eval temperature; also `tool_share`, the share of them that made a tool call
+        (tools; None with an environment class). Not counted in env/*; an environment fault scores the
+        trajectory as it ended."""
+        async def one(item: PromptItem) -> tuple[float, bool]:
+            async def generate(ids: list[int], cap: int):
+                comps = await self._request(ids, self._params(1, min(cap, max_tokens), temp, 0 if temp > 0 else None),
+                                            "eval", salt)
+                return turn_of(comps[0])
+
+            try:
+                (sample,), _ = await self.multiturn.group(item, 1, generate, lambda lists: self._score(lists, item),
+                                                          count=False)
+            except EnvFault:  # a reset that failed: the prompt scores 0
+                return 0.0, False
+            return sample.reward, bool(sample.env_mask.any())
+
+        results = await asyncio.gather(*(one(i) for i in items))
+        n = len(results)
+        tools = self.multiturn.toolbox is not None
+        return {"accuracy": sum(r for r, _ in results) / n if n else float("nan"), "n": n,
+                "per_prompt": [[item.prompt_index, r] for item, (r, _) in zip(items, results)],
+                "tool_share": sum(t for _, t in results) / n if n and tools else None}
 
     def deadline_stats(self) -> dict:
         """Counts of the deadlines: samples aborted and regenerated (0 without deadlines)."""

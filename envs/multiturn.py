@@ -41,10 +41,11 @@ class MultiTurn:
         self.max_prompt_tokens = max_prompt_tokens
         self.counts: Counter = Counter()
 
-    async def group(self, item, n: int, generate, score: Score) -> list[Sample]:
+    async def group(self, item, n: int, generate, score: Score, count: bool = True) -> list[Sample]:
         """The n rows of prompt `item` (`actors.prompts.PromptItem`). `generate(ids, max_tokens)` -> `Turn`;
         `score(token lists)` -> rewards (tools). `EnvFault` when the group cannot start (a reset failed or
-        disagreed): nothing of it is delivered."""
+        disagreed): nothing of it is delivered. `count=False` (held-out evaluation) leaves the env/* counts
+        of the training rollouts as they are."""
         prompt = list(item.prompt_ids)
         if self.toolbox is not None:
             steps = [ToolSteps(self.toolbox) for _ in range(n)]
@@ -56,7 +57,8 @@ class MultiTurn:
             rewards = await score([t.tokens for t in trajectories])
         else:
             rewards = [t.reward for t in trajectories]
-        self._count(trajectories)
+        if count:
+            self._count(trajectories)
         return [t.sample(r) for t, r in zip(trajectories, rewards)], prompt
 
     async def _reset(self, item, n: int, prompt: list[int]) -> tuple[list[ClassSteps], list[int]]:

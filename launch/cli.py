@@ -89,8 +89,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    "repository REPO (user/name; created private unless --hub-public)")
     p.add_argument("--hub-public", action="store_true", help="create the --push-to-hub repository public")
     p.add_argument("--testbed", choices=TESTBEDS, help="a built-in testbed laid over configs/<algo>.yaml: steps = "
-                   "4-5 digit worked solutions, a 4-layer warm model and (--algo pure) a learned PRM, built and "
-                   "cached at the first run (launch.prep.testbed)")
+                   "4-5 digit worked solutions, a 4-layer warm model and (--algo pure) a learned PRM; tools = 7-8 "
+                   "digit problems with a calculator tool and a warm model that saw a few tool-using demonstrations; "
+                   "built and cached at the first run (launch.prep.testbed)")
 
 
 def build_parser() -> Parser:

@@ -218,7 +218,8 @@ class Driver:
                 raise
             result = self.graph.evaluate(self.data.eval)
         save_eval_prompts(self.run_dir, self.position.step, result["per_prompt"])
-        return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], "time/eval_s": time.monotonic() - t0}
+        tools = {"eval/tool_share": result["tool_share"]} if "tool_share" in result else {}
+        return {"eval/accuracy": result["accuracy"], "eval/n": result["n"], **tools, "time/eval_s": time.monotonic() - t0}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:

@@ -81,8 +81,17 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
         **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
-        **engine_metrics(actor_reports), **repair_metrics(actor_reports), **env_metrics(actor_reports),
+        **engine_metrics(actor_reports), **repair_metrics(actor_reports), **tool_rows(groups, env_metrics(actor_reports)),
     }
+
+
+def tool_rows(groups: list, env: dict) -> dict:
+    """`env` (the env/* counts, {} for single-turn runs) with `env/tool_share`: the share of the batch's generated
+    rows holding environment tokens (`Sample.env_mask`; with tools: a call made, or a malformed one answered)."""
+    generated = [s for g in groups for s in g.samples if s.finish_reason != "demo"]
+    if not env or not generated:
+        return env
+    return {**env, "env/tool_share": sum(bool(s.env_mask.any()) for s in generated) / len(generated)}
 
 
 def response_metrics(groups: list) -> dict:

@@ -43,16 +43,18 @@ class StopRule(Protocol):
 
 
 def run_sft(cfg: RunConfig, model_dir: Path, demos: dict[int, np.ndarray], prompts: dict[int, tuple[int, ...]],
-            steps: int, out_dir: Path, log=print, until: StopRule | None = None) -> Path:
+            steps: int, out_dir: Path, log=print, until: StopRule | None = None,
+            env: dict[int, np.ndarray] | None = None) -> Path:
     """`steps` optimiser steps of SFT (cfg.algo must be 'sft') on `demos`, fewer if `until` says stop; exports an
-    HF dir (fp32 weights) to `out_dir` from a checkpoint beside it, which is then removed."""
+    HF dir (fp32 weights) to `out_dir` from a checkpoint beside it, which is then removed. `env`: the
+    environment-token masks of multi-turn demonstrations (`DemoBatches`), which take no loss."""
     import torch
 
     from learner.checkpoint import export_hf
     from learner.learner import Learner
 
     learner = Learner(cfg, rank=0, world_size=1, model_dir=model_dir)
-    batches = DemoBatches(demos, prompts, cfg.learner.batch_prompts, cfg.seed)
+    batches = DemoBatches(demos, prompts, cfg.learner.batch_prompts, cfg.seed, env)
     for step in range(steps):
         metrics = learner.step(batches.next(), version=step)
         if step % max(1, steps // 10) == 0 or step == steps - 1:

@@ -24,6 +24,10 @@ and `pure.prm_path`, before the user's `--set` keys (`command_for_testbed`: pars
 what is not cached yet. The run itself is an ordinary run of a model under `model.cache_dir` (config.yaml
 records both paths, so `--resume` needs no testbed). Measured build times and figures: docs/running.md
 "The step-by-step testbed".
+
+The tools testbed (`--testbed tools`, configs/testbeds/tools.yaml, `launch.prep.testbed_tools`): steps-hard
+problems with the built-in calculator offered (`env.tools`), and a warm model of the same shape whose warm-up
+saw a share of tool-using demonstrations; no PRM (PURE, like LUFFY and SFT, is refused with `env:`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from configs.data_section import ArithmeticTaskConfig
 from configs.loading import ConfigError, resolve, user_keys
 from configs.schema import RunConfig
 
-TESTBEDS = ("steps",)  # name -> configs/testbeds/<name>.yaml
+TESTBEDS = ("steps", "tools")  # name -> configs/testbeds/<name>.yaml; tools: launch.prep.testbed_tools
 MAIN_LEVEL = "steps-main"  # the level the warm model and the PRM learn from
 WARM_TARGET = 0.3  # greedy held-out accuracy at which the warm-up stops
 WARM_CHECK_EVERY = 100  # SFT steps between two accuracy checks
@@ -98,11 +102,15 @@ class AccuracyStop:
         return acc >= self.target
 
 
-def warm_dir(cfg: RunConfig) -> Path:
-    """Where the testbed's warm model of `cfg` is cached (built or not)."""
+def warm_dir(cfg: RunConfig, name: str = "steps") -> Path:
+    """Where the testbed `name`'s warm model of `cfg` is cached (built or not)."""
     from launch.prep.model_prep import warm_plan
 
     wcfg = warm_config(cfg)
+    if name == "tools":
+        from launch.prep.testbed_tools import tools_warm_dir
+
+        return tools_warm_dir(wcfg)
     return warm_plan(wcfg, AccuracyStop(wcfg))[0]
 
 
@@ -176,7 +184,7 @@ def testbed_sets(name: str, algo: str | None, config_file: str | None, flags: di
     from launch.prep.testbed_prm import prm_dir
 
     cfg, prm = _testbed_run(name, algo, config_file, flags, overrides)
-    warm = warm_dir(cfg)
+    warm = warm_dir(cfg, name)
     extra = [f"model.path={warm.resolve()}"]
     if prm:
         extra += ["pure.prm=hf", f"pure.prm_path={prm_dir(cfg, warm).resolve()}"]
@@ -186,6 +194,10 @@ def testbed_sets(name: str, algo: str | None, config_file: str | None, flags: di
 def build_testbed(name: str, algo: str | None, flags: dict, overrides: list[str], log=print) -> list[Path]:
     """Build what `command_for_testbed` names (the warm model, and PURE's PRM), unless cached; their paths."""
     cfg, prm = _testbed_run(name, algo, None, flags, overrides)
+    if name == "tools":
+        from launch.prep.testbed_tools import prepare_tools_warm
+
+        return [prepare_tools_warm(warm_config(cfg), cfg, log)]
     warm = prepare_warm(cfg, log)
     if not prm:
         return [warm]

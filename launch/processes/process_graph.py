@@ -315,13 +315,17 @@ class ProcessGraph(LearnerRanks, Membership):
 
     def evaluate(self, items) -> dict:
         """Held-out accuracy, the items spread over the live actors (the k-th scores items k, k + N, ...)
-        and the accuracies weighted by their counts; `per_prompt`: every [prompt_index, reward], by index."""
+        and the accuracies weighted by their counts; `per_prompt`: every [prompt_index, reward], by index; with
+        tools, the share of responses that got a tool result (`tool_share`), weighted alike."""
         live = [self.actors[i] for i in self.live]
         n = len(live)
         results = self._get([a.evaluate.remote(items[k::n]) for k, a in enumerate(live) if items[k::n]])
         total = sum(r["n"] for r in results)
-        return {"accuracy": sum(r["accuracy"] * r["n"] for r in results) / total if total else float("nan"),
-                "n": total, "per_prompt": sorted(p for r in results for p in r["per_prompt"])}
+        out = {"accuracy": sum(r["accuracy"] * r["n"] for r in results) / total if total else float("nan"),
+               "n": total, "per_prompt": sorted(p for r in results for p in r["per_prompt"])}
+        if results and all(r.get("tool_share") is not None for r in results):  # tools (envs/): multi-turn evaluation
+            out["tool_share"] = sum(r["tool_share"] * r["n"] for r in results) / total
+        return out
 
     def stop_actors(self, drain: bool, timeout_s: float) -> None:
         """Stop the live actors (drain: they deliver what they have in flight first). One that dies
