@@ -149,7 +149,7 @@ class Engine:
     def __init__(self, cfg, model: str, device: str):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=engine_main, args=(child, cfg.model_dump_json(), model, device), daemon=True)
+        self.proc = ctx.Process(target=engine_main, args=(child, cfg.model_dump_json(), model, device))  # vLLM starts children
         self.proc.start()
 
     def ask(self, *cmd, timeout_s: float = 300.0):
