@@ -37,16 +37,19 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from learner.logprobs import TokenScorer
+from learner.lora import attach, base_name, init_adapters, is_adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PREFIX = "lm."
+PEFT_PREFIX = "base_model.model."  # what peft's PeftModel puts before the HF names (learner.lora)
 
 
 def hf_name(name: str) -> str:
     """HF parameter name of a `TokenScorer` parameter (wrapper prefixes removed)."""
     for p in ("_checkpoint_wrapped_module.", "_orig_mod."):
         name = name.replace(p, "")
-    return name[len(PREFIX):] if name.startswith(PREFIX) else name
+    name = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    return name.removeprefix(PEFT_PREFIX)  # a LoRA policy's wrapper (learner.lora)
 
 
 def _model_dir(model_dir: str | Path) -> Path:
@@ -139,7 +142,9 @@ def load_local_weights(module: nn.Module, model_dir: str | Path) -> None:
     rank reads only its own rows of every sharded tensor (whole tensors otherwise), one tensor at a time
     (the file is opened per tensor, so no mapped pages pile up), cast to the parameter's dtype."""
     files = weight_files(Path(model_dir))
-    state = persistent_state(module)
+    # a LoRA policy: adapters are initialised, not read (learner.lora); an adapted layer's frozen weight is
+    # <layer>.base_layer.weight in the module, <layer>.weight in the files
+    state = {base_name(n): t for n, t in persistent_state(module).items() if not is_adapter(n)}
     missing = [n for n in state if n not in files]
     if missing:
         raise KeyError(f"{model_dir}: the checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -176,7 +181,7 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
 def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.device, dtype: str, trainable: bool,
                  chunk_tokens: int | str, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  activation_checkpointing: bool = False, shard: bool = True,
-                 trust_remote_code: bool = False) -> TokenScorer:
+                 trust_remote_code: bool = False, lora=None, seed: int = 0) -> TokenScorer:
     """A `TokenScorer` over the HF model in `model_dir`, FSDP2-sharded over `mesh` when `shard`.
 
     temperature, top_p, top_k: the sampling distribution its log-probs are taken under (vLLM's
@@ -189,6 +194,8 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     Built on the meta device, then each rank materialises and reads only its shards (module doc).
     chunk_tokens "auto" (learner.logprob_chunk_tokens of a config the launch did not resolve): by `device`,
     `LearnerConfig.resolved_logprob_chunk_tokens`.
+    lora: a `configs.lora_section.LoraConfig` with rank > 0 (the policy of a LoRA run, `learner.lora`): the base
+    frozen, adapters attached before sharding and initialised from `seed`; None = every weight trains.
     """
     if chunk_tokens == "auto":
         from configs.shared import LearnerConfig
@@ -200,6 +207,8 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     lm = empty_causal_lm(model_dir, torch.float32 if trainable else compute, trust_remote_code)
     if activation_checkpointing and trainable:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        lm = attach(lm, lora)
     mixed = trainable and compute != torch.float32
     scorer = TokenScorer(lm, temperature=temperature, top_p=top_p, top_k=top_k, chunk_tokens=chunk_tokens,
                          autocast_dtype=compute if mixed and not shard else None)
@@ -215,6 +224,8 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
         lm.tie_weights()  # to_empty gives each module its own new tensor
     init_buffers(lm)
     load_local_weights(scorer, model_dir)
+    if lora is not None:
+        init_adapters(scorer, seed)
     scorer.train(trainable)
     if not trainable:
         for p in scorer.parameters():

@@ -20,6 +20,7 @@ It writes nothing. Checked, in order:
   prompt style (`launch.prep.data.prompt_style`: a chat template that fails on it fails here);
 - data.demos (algorithms that train on demonstrations): loads whole with a demonstration per row, and
   gives at least data.min_demo_match of the training prompts a demonstration (by question text);
+- model.lora (when on): its targets, rank and model type fit the model (`launch.prep.lora_check`);
 - reward.fn: loads and its parameter names fit our, veRL's or TRL's shape, a TRL one's columns those of the
   data (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
@@ -38,6 +39,7 @@ from configs.schema import RunConfig
 from launch.planning.versions import vllm_problem
 from launch.prep.data import load_prompt_records, match_demos, prompt_style, read_file
 from launch.prep.hub import ModelNotCached, model_dir
+from launch.prep.lora_check import lora_problem
 from tasks.loaders import HUB_DATA
 from tasks.records import DataError
 from tasks.rewards import RewardSpecError, check_reward_fn, data_columns, reward_name
@@ -69,6 +71,8 @@ def preflight(cfg: RunConfig) -> None:
                                  "chat-formatted) — give one with data.chat_template, or use data.prompt_format=raw "
                                  "for a base model")
         check_context(cfg, path)
+    if problem := lora_problem(cfg, path if cfg.model.path is not None else None):
+        raise PreflightError(problem)
     train = check_prompts(cfg)  # (training, held-out) records
     check_prompt_style(cfg, tokenizer, train[0][:1])
     if spec.needs_demonstrations and cfg.data.demos:
