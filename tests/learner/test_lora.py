@@ -3,6 +3,10 @@ with the adapters off, adapter-only checkpoints with exact resume (one rank and 
 export that peft, transformers and (merged) any HF loader read."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +138,39 @@ def test_two_fsdp_ranks_train_the_adapters_as_one_and_resume_on_one(tiny_dir, to
         np.testing.assert_array_equal(v, w_two[k], err_msg=k)
     again_one, again_back = one.step(data[2], version=2), back.step(data[2], version=2)
     assert again_back["loss/total"] == pytest.approx(again_one["loss/total"], rel=1e-5, abs=1e-7)
+
+
+def _probe(model_dir, prompt: str, adapter=None) -> dict:
+    """vLLM (CPU, in a child process: tests/learner/vllm_load_probe.py) serving `prompt` from `model_dir`, through
+    the peft `adapter` when given: its prompt log-probs."""
+    args = [sys.executable, str(Path(__file__).with_name("vllm_load_probe.py")), str(model_dir), prompt]
+    proc = subprocess.run(args + ([str(adapter)] if adapter else []), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE_RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("PROBE_RESULT "))
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_adapter_beside_its_base_and_the_merged_model(tiny_dir, tokenizer, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    learner = Learner(make_cfg("sft", model={"lora": {**LORA, "export_merged": True}}, learner={"lr": 3e-2}),
+                      0, 1, tiny_dir)  # a big step, so the adapter moves the log-probs visibly
+    for s in range(2):
+        learner.step(make_groups(tokenizer, 2, 4, seed=s), s)
+    out = export_hf(learner.save(tmp_path / "ckpt"), tmp_path / "hf")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12+7?"}], tokenize=False,
+                                           add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    x = torch.tensor([ids])
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    with torch.no_grad():
+        plain = torch.log_softmax(base(x).logits[0, :-1], -1).gather(-1, x[0, 1:, None])[:, 0]
+        peft_model = PeftModel.from_pretrained(base, out).eval()
+        adapted = torch.log_softmax(peft_model(x).logits[0, :-1], -1).gather(-1, x[0, 1:, None])[:, 0]
+    assert (adapted - plain).abs().max() > 1e-2
+    for served in (_probe(tiny_dir, prompt, adapter=out), _probe(out / "merged", prompt)):
+        assert served["prompt_token_ids"] == ids
+        torch.testing.assert_close(torch.tensor(served["prompt_logprobs"][1:]), adapted, atol=1e-3, rtol=1e-3)
