@@ -363,7 +363,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, dtype: torch.dtype | None
     dtype = dtype or getattr(torch, config.get("dtype") or "float32")
     if (checkpoint / ADAPTER_CONFIG).is_file():
         lora = json.loads((checkpoint / STATE_FILE).read_text())["lora"]
-        return export_adapter(checkpoint, out, dtype, merged=bool(lora["export_merged"]))
+        return export_adapter(checkpoint, out, dtype, bool(lora["export_merged"]), read_model_tensors(shards))
     meta = HuggingFaceStorageReader(str(shards)).read_metadata().state_dict_metadata
     names = sorted(k for k in meta if k.startswith("model."))
     files: list[list[str]] = [[]]

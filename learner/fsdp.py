@@ -26,6 +26,8 @@ Why:
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,11 +39,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from learner.logprobs import TokenScorer
-from learner.lora import attach, base_name, init_adapters, is_adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PREFIX = "lm."
 PEFT_PREFIX = "base_model.model."  # what peft's PeftModel puts before the HF names (learner.lora)
+ADAPTER = "default"  # peft's adapter name: the only adapter of a LoRA policy
 
 
 def hf_name(name: str) -> str:
@@ -264,3 +266,51 @@ def named_full_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, p in module.named_parameters():
         full = p.full_tensor() if isinstance(p, DTensor) else p
         yield hf_name(name), full.detach()
+
+
+# ---------------------------------------------------------------------- LoRA adapters (learner.lora says why)
+def peft_config(lora, base_model: str | None = None):
+    """peft's LoraConfig of `lora` (a `configs.lora_section.LoraConfig`)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.scale * lora.rank, target_modules=list(lora.target_modules),
+                      lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM",
+                      base_model_name_or_path=base_model)
+
+
+def attach(lm: nn.Module, lora) -> nn.Module:
+    """`lm` (on the meta device) wrapped in a peft model with one adapter per targeted linear layer; the base
+    frozen. Raises ValueError naming the fix when a target matches no layer."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(lm, peft_config(lora))
+    except ValueError as e:
+        raise ValueError(f"model.lora.target_modules {list(lora.target_modules)}: {e}") from None
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter (any naming) is an adapter tensor (A or B)."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def base_name(name: str) -> str:
+    """The HF name of a frozen weight of an adapted layer (`<layer>.base_layer.weight` → `<layer>.weight`)."""
+    return name.replace(".base_layer.", ".")
+
+
+@torch.no_grad()
+def init_adapters(module: nn.Module, seed: int) -> None:
+    """peft's default start on materialised (possibly FSDP2-sharded) adapters: B = 0; A kaiming-uniform with
+    a = √5 (bound = 1/√in), drawn whole from a generator seeded by (seed, name) so every world size starts
+    the same, each rank keeping its own rows (module docstring)."""
+    for name, p in module.named_parameters():
+        if ".lora_B." in name:
+            p.zero_()
+        elif ".lora_A." in name:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.empty(p.shape, dtype=torch.float32)
+            nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=gen)
+            local = p.to_local() if isinstance(p, DTensor) else p
+            start = shard_start(p) if isinstance(p, DTensor) else 0
+            local.copy_(full[start:start + local.shape[0]].to(local.device, local.dtype))

@@ -29,8 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from learner.fsdp import ensure_sharded, hf_name
-from learner.lora import base_name, is_adapter
+from learner.fsdp import base_name, ensure_sharded, hf_name, is_adapter
 
 
 def serving_weights(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,12 +1,15 @@
 """LoRA on the policy (`model.lora`): peft adapters on a frozen base, sharded with the base by FSDP2.
 
+The pieces that build the model live in `learner.fsdp` (`attach`, `init_adapters`, the naming rules), which
+builds it; this module has what uses it: the merged weights of a push, the reference, the exports.
+
 Why it looks like this:
 - `attach` wraps the HF model in peft's `PeftModel` while it is still on the meta device, before FSDP2
   shards it, so each adapter's A and B land in the FSDP unit of the decoder block whose linear layer they
   adapt (gathered and freed with it). peft freezes every base parameter; only A and B train, so the
   optimiser and its state hold the adapters only.
-- Materialised shards are garbage: the base is read from the model directory (`learner.fsdp`), and the
-  adapters are initialised here (`init_adapters`) as peft does by default, A kaiming-uniform (a = √5, the
+- Materialised shards are garbage: the base is read from the model directory, and the adapters are
+  initialised (`init_adapters`) as peft does by default, A kaiming-uniform (a = √5, the
   rule of nn.Linear) and B zero, so step 0's policy is the base model exactly. A's values are drawn whole
   from a generator seeded by the run's seed and the parameter's name, and each rank keeps its rows: the
   start is the same for any number of ranks.
@@ -26,74 +29,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-ADAPTER = "default"  # peft's adapter name: the only adapter of the policy
+from learner.fsdp import ADAPTER, base_name, hf_name, is_adapter, peft_config, weight_files
+
 _A, _B, _BASE = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight", ".base_layer."
-
-
-def peft_config(lora, base_model: str | None = None):
-    """peft's LoraConfig of `lora` (a `configs.lora_section.LoraConfig`)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=lora.rank, lora_alpha=lora.scale * lora.rank, target_modules=list(lora.target_modules),
-                      lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM",
-                      base_model_name_or_path=base_model)
-
-
-def attach(lm: nn.Module, lora) -> nn.Module:
-    """`lm` (on the meta device) wrapped in a peft model with one adapter per targeted linear layer; the base
-    frozen. Raises ValueError naming the fix when a target matches no layer."""
-    from peft import get_peft_model
-
-    try:
-        return get_peft_model(lm, peft_config(lora))
-    except ValueError as e:
-        raise ValueError(f"model.lora.target_modules {list(lora.target_modules)}: {e}") from None
-
-
-def is_adapter(name: str) -> bool:
-    """Whether a parameter (any naming) is an adapter tensor (A or B)."""
-    return ".lora_A." in name or ".lora_B." in name
-
-
-def base_name(name: str) -> str:
-    """The HF name of a frozen weight of an adapted layer (`<layer>.base_layer.weight` → `<layer>.weight`)."""
-    return name.replace(_BASE, ".")
 
 
 def peft_name(hf: str) -> str:
     """The name peft saves an adapter tensor under (adapter_model.safetensors) for its HF-side name."""
     return "base_model.model." + hf.replace(f".{ADAPTER}.weight", ".weight")
-
-
-@torch.no_grad()
-def init_adapters(module: nn.Module, seed: int) -> None:
-    """peft's default start on materialised (possibly FSDP2-sharded) adapters: B = 0; A kaiming-uniform with
-    a = √5 (bound = 1/√in), drawn whole from a generator seeded by (seed, name) so every world size starts
-    the same, each rank keeping its own rows (module docstring)."""
-    from learner.fsdp import shard_start
-
-    for name, p in module.named_parameters():
-        if ".lora_B." in name:
-            p.zero_()
-        elif ".lora_A." in name:
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            full = torch.empty(p.shape, dtype=torch.float32)
-            nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=gen)
-            local = p.to_local() if isinstance(p, DTensor) else p
-            start = shard_start(p) if isinstance(p, DTensor) else 0
-            local.copy_(full[start:start + local.shape[0]].to(local.device, local.dtype))
 
 
 def merge_adapters(named: Iterable[tuple[str, torch.Tensor]], scale: float) -> Iterator[tuple[str, torch.Tensor]]:
@@ -157,17 +109,16 @@ def save_adapter_config(directory: Path, lora, model_dir: Path) -> None:
     peft_config(lora, str(Path(model_dir).resolve())).save_pretrained(str(directory))
 
 
-def export_adapter(checkpoint: Path, out: Path, dtype: torch.dtype, merged: bool) -> Path:
+def export_adapter(checkpoint: Path, out: Path, dtype: torch.dtype, merged: bool,
+                   tensors: dict[str, torch.Tensor]) -> Path:
     """Write a LoRA checkpoint's policy to `out` (replaced atomically): the adapter in peft's format
     (adapter_config.json, adapter_model.safetensors in `dtype`) and the tokenizer files, so peft's
     `PeftModel.from_pretrained(base, out)` and vLLM's `LoRARequest(..., out)` load it; with `merged`, also
-    `out/merged/`: a plain HF model, the base with W + scale·B·A in every adapted layer (`dtype`)."""
-    from learner.checkpoint import read_model_tensors
-    from learner.fsdp import hf_name
-
+    `out/merged/`: a plain HF model, the base with W + scale·B·A in every adapted layer (`dtype`). tensors: the
+    checkpoint's policy tensors ("model.<fqn>", `learner.checkpoint.read_model_tensors`)."""
     config = json.loads((checkpoint / ADAPTER_CONFIG).read_text())
     scale = float(config["lora_alpha"]) / float(config["r"])
-    adapters = {hf_name(k.removeprefix("model.")): v for k, v in read_model_tensors(checkpoint / "policy").items()}
+    adapters = {hf_name(k.removeprefix("model.")): v for k, v in tensors.items()}
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(checkpoint / "hf_config", tmp)
@@ -187,8 +138,6 @@ def _export_merged(base: Path, adapters: dict[str, torch.Tensor], scale: float, 
     """The base model of `base` with `adapters` merged, as one safetensors file per base weights file (each
     read one tensor at a time), plus the config (dtype `dtype`) and tokenizer files of `hf_config`."""
     from safetensors import safe_open
-
-    from learner.fsdp import weight_files
 
     shutil.copytree(hf_config, out)
     cfg = json.loads((out / "config.json").read_text())
