@@ -244,3 +244,26 @@ def shutdown_engine(engine) -> None:
 
 def _already_shut_down(timeout: float | None = None) -> None:
     """An engine's `shutdown` once `shutdown_engine` has run: nothing left to stop."""
+
+
+def lora_serving_problem(architectures: list[str]) -> str | None:
+    """Why vLLM cannot serve LoRA adapters on a model of `architectures` (config.json's), or None when it can:
+    vLLM serves adapters only on model classes that declare `SupportsLoRA` (vllm/model_executor/models/
+    interfaces.py). Imports vLLM's model registry (seconds)."""
+    from vllm.model_executor.models.interfaces import supports_lora
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for arch in architectures:
+        cls = ModelRegistry._try_load_model_cls(arch)
+        if cls is not None:
+            return None if supports_lora(cls) else (
+                f"vLLM {_vllm_version()} cannot serve LoRA adapters on {arch} (its model class does not support "
+                "LoRA) — train it full-parameter (model.lora.rank=0) or pick a model vLLM serves with LoRA")
+    return (f"vLLM {_vllm_version()} knows none of the architectures {architectures} — it cannot serve this model "
+            "(with or without LoRA)")
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__

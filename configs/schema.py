@@ -129,6 +129,10 @@ class _SharedConfig(Section):
         yield from self._credit_problems(spec)
         yield from self._count_problems(spec)
         yield from env_problems(self)
+        if self.model.lora.enabled and self.model.lora.dropout > 0:
+            yield (f"model.lora.dropout: {self.model.lora.dropout:g} is not supported — set it to 0: the learner keeps "
+                   "every dropout off so that π_prox, recomputed at a step's start, equals the policy that trains "
+                   "(docs/algorithms.md \"LoRA\")")
         yield from spec.validate(self)
 
     def _credit_problems(self, spec):

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from algos.options import function_name
 from configs.base import AutoCount, Section
 from configs.deadlines import DeadlinesConfig
+from configs.lora_section import LoraConfig
 from weightsync.backends import names as weight_sync_backends
 
 CPU_KV_CACHE_GIB = 1.0  # rollout.kv_cache_gib null on a CPU engine
@@ -44,6 +45,8 @@ class ModelConfig(Section):
     sft_warmup_steps: int = Field(
         300, ge=0, description="optimiser steps of SFT on noisy demonstrations when building the tiny model")
     sft_error_rate: float = Field(0.3, ge=0, le=1, description="probability a warm-up demonstration holds an error")
+    lora: LoraConfig = Field(LoraConfig(), description="train LoRA adapters on the frozen model instead of every "
+                                                        "weight (rank 0 = off: full-parameter training)")
 
     def resolved_dtype(self, gpu: bool) -> str:
         """`dtype` with auto decided for one process: bfloat16 on a GPU, float32 on CPU (the launch resolves

@@ -53,6 +53,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -61,6 +62,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from learner.committed import COMMITTED, committed_steps
 from learner.fsdp import ensure_sharded, hf_name
+from learner.lora import ADAPTER_CONFIG, export_adapter
 
 STATE_FILE = "learner_state.json"
 EXPORT_SHARD_BYTES = 2 << 30  # an export's weights files hold at most this many bytes each (serving dtype)
@@ -195,21 +197,30 @@ def _tied_aliases(module: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def _state(module: torch.nn.Module, opt: torch.optim.Optimizer, with_optim: bool) -> tuple[dict, dict | None]:
+def _options(trainable_only: bool) -> StateDictOptions:
+    """A LoRA policy's checkpoint holds its trainable tensors only (the adapters; the frozen base is the model
+    directory's): frozen parameters are left out, and loading leaves them as they are."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _state(module: torch.nn.Module, opt: torch.optim.Optimizer, with_optim: bool,
+           trainable_only: bool = False) -> tuple[dict, dict | None]:
     """(model state dict without tied aliases, optimiser state dict or None): this rank's live tensors
-    (DTensor shards under FSDP2, whole tensors for a plain module), keyed by parameter FQN."""
+    (DTensor shards under FSDP2, whole tensors for a plain module), keyed by parameter FQN; `trainable_only`:
+    the parameters that train (`_options`)."""
     ensure_sharded(module)
-    model = get_model_state_dict(module)
+    model = get_model_state_dict(module, options=_options(trainable_only))
     for alias in _tied_aliases(module):
-        model.pop(alias)
+        model.pop(alias, None)  # absent when frozen and left out
     return model, (get_optimizer_state_dict(module, opt) if with_optim else None)
 
 
-def save_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+def save_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer,
+                 trainable_only: bool = False) -> None:
     """Every rank writes its shards of `module` and of `opt`'s state into `directory` (a collective).
     An optimiser that has not stepped yet has no state and none is written (asking torch for it would
-    run a zero step that changes AdamW's step counter)."""
-    model, optim = _state(module, opt, with_optim=bool(opt.state))
+    run a zero step that changes AdamW's step counter). trainable_only: a LoRA policy's adapters only."""
+    model, optim = _state(module, opt, with_optim=bool(opt.state), trainable_only=trainable_only)
     state = {"model": model}
     if optim is not None:
         for fqn, entries in optim["state"].items():
@@ -247,21 +258,24 @@ def _file_plan(state: dict) -> dict[str, int]:
     return plan
 
 
-def load_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+def load_sharded(directory: Path, module: torch.nn.Module, opt: torch.optim.Optimizer,
+                 trainable_only: bool = False) -> None:
     """Restore what `save_sharded` wrote (by any number of ranks) into this rank's shards (a collective).
-    A checkpoint without optimiser state leaves `opt` without state, as it was when saved."""
+    A checkpoint without optimiser state leaves `opt` without state, as it was when saved. trainable_only: as
+    saved (a LoRA policy's adapters; every one must be in the checkpoint, DCP refuses a missing key)."""
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is missing: not a sharded checkpoint of this format")
     saved = HuggingFaceStorageReader(str(directory)).read_metadata().state_dict_metadata
     with_optim = any(k.startswith("optim.") for k in saved)
     opt.zero_grad(set_to_none=True)  # torch allocates the state to load into only without state and gradients
     opt.state.clear()
-    model, optim = _state(module, opt, with_optim)  # with_optim: zero state allocated to load into
+    model, optim = _state(module, opt, with_optim, trainable_only)  # with_optim: zero state allocated to load into
     state = {"model": model}
     if optim is not None:
         state["optim"] = {"state": optim["state"]}
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(directory), thread_count=SAVE_FILES))
-    set_model_state_dict(module, model | {a: model[f] for a, f in _tied_aliases(module).items()})
+    set_model_state_dict(module, model | {a: model[f] for a, f in _tied_aliases(module).items() if f in model},
+                         options=_options(trainable_only))
     if optim is not None:
         set_optimizer_state_dict(module, opt, optim)
 
@@ -322,17 +336,34 @@ def save_hf_config(directory: Path, lm: torch.nn.Module, dtype: torch.dtype, tok
         shutil.copyfile(code, d / code.name)
 
 
+def read_model_tensors(shards: Path, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """{"model.<fqn>": full tensor} of the policy shards `shards` (`save_sharded`), every model tensor or
+    `keys`, read in one process (no process group), in their stored dtype."""
+    meta = HuggingFaceStorageReader(str(shards)).read_metadata().state_dict_metadata
+    keys = sorted(k for k in meta if k.startswith("model.")) if keys is None else keys
+    part = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in keys}
+    with warnings.catch_warnings():  # DCP warns that no_dist loads in one process: what is meant here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(part, storage_reader=HuggingFaceStorageReader(str(shards)), no_dist=True)
+    return part
+
+
 def export_hf(checkpoint: str | Path, out: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write the policy of a checkpoint as an HF model directory `out` (replaced atomically).
 
     Weights in `dtype` (default: the serving dtype, hf_config/config.json's), read piece by piece from
     the rank shards (any world size; at most ~EXPORT_SHARD_BYTES of fp32 tensors in memory at once),
     without a process group. Files beside the weights: hf_config/ of the checkpoint.
+    A LoRA policy's checkpoint (it holds adapter_config.json) is written as its adapter in peft's format,
+    and the merged model in out/merged/ when its model.lora.export_merged says so (`learner.lora.export_adapter`).
     """
     checkpoint, out = Path(checkpoint), Path(out)
     shards = checkpoint / "policy"
     config = json.loads((checkpoint / "hf_config" / "config.json").read_text())
     dtype = dtype or getattr(torch, config.get("dtype") or "float32")
+    if (checkpoint / ADAPTER_CONFIG).is_file():
+        lora = json.loads((checkpoint / STATE_FILE).read_text())["lora"]
+        return export_adapter(checkpoint, out, dtype, bool(lora["export_merged"]), read_model_tensors(shards))
     meta = HuggingFaceStorageReader(str(shards)).read_metadata().state_dict_metadata
     names = sorted(k for k in meta if k.startswith("model."))
     files: list[list[str]] = [[]]
@@ -349,10 +380,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, dtype: torch.dtype | None
     shutil.copytree(checkpoint / "hf_config", tmp)
     weight_map = {}
     for i, keys in enumerate(files, start=1):
-        part = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in keys}
-        with warnings.catch_warnings():  # DCP warns that no_dist loads in one process: what is meant here
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(part, storage_reader=HuggingFaceStorageReader(str(shards)), no_dist=True)
+        part = read_model_tensors(shards, keys)
         fname = "model.safetensors" if len(files) == 1 else f"model-{i:05d}-of-{len(files):05d}.safetensors"
         tensors = {hf_name(k.removeprefix("model.")): v.to(dtype).contiguous() for k, v in part.items()}
         save_file(tensors, str(tmp / fname), metadata={"format": "pt"})

@@ -26,6 +26,8 @@ Why:
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,13 +42,16 @@ from learner.logprobs import TokenScorer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PREFIX = "lm."
+PEFT_PREFIX = "base_model.model."  # what peft's PeftModel puts before the HF names (learner.lora)
+ADAPTER = "default"  # peft's adapter name: the only adapter of a LoRA policy
 
 
 def hf_name(name: str) -> str:
     """HF parameter name of a `TokenScorer` parameter (wrapper prefixes removed)."""
     for p in ("_checkpoint_wrapped_module.", "_orig_mod."):
         name = name.replace(p, "")
-    return name[len(PREFIX):] if name.startswith(PREFIX) else name
+    name = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    return name.removeprefix(PEFT_PREFIX)  # a LoRA policy's wrapper (learner.lora)
 
 
 def _model_dir(model_dir: str | Path) -> Path:
@@ -139,7 +144,9 @@ def load_local_weights(module: nn.Module, model_dir: str | Path) -> None:
     rank reads only its own rows of every sharded tensor (whole tensors otherwise), one tensor at a time
     (the file is opened per tensor, so no mapped pages pile up), cast to the parameter's dtype."""
     files = weight_files(Path(model_dir))
-    state = persistent_state(module)
+    # a LoRA policy: adapters are initialised, not read (learner.lora); an adapted layer's frozen weight is
+    # <layer>.base_layer.weight in the module, <layer>.weight in the files
+    state = {base_name(n): t for n, t in persistent_state(module).items() if not is_adapter(n)}
     missing = [n for n in state if n not in files]
     if missing:
         raise KeyError(f"{model_dir}: the checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -176,7 +183,7 @@ def decoder_layers(lm: nn.Module) -> list[nn.Module]:
 def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.device, dtype: str, trainable: bool,
                  chunk_tokens: int | str, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  activation_checkpointing: bool = False, shard: bool = True,
-                 trust_remote_code: bool = False) -> TokenScorer:
+                 trust_remote_code: bool = False, lora=None, seed: int = 0) -> TokenScorer:
     """A `TokenScorer` over the HF model in `model_dir`, FSDP2-sharded over `mesh` when `shard`.
 
     temperature, top_p, top_k: the sampling distribution its log-probs are taken under (vLLM's
@@ -189,6 +196,8 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     Built on the meta device, then each rank materialises and reads only its shards (module doc).
     chunk_tokens "auto" (learner.logprob_chunk_tokens of a config the launch did not resolve): by `device`,
     `LearnerConfig.resolved_logprob_chunk_tokens`.
+    lora: a `configs.lora_section.LoraConfig` with rank > 0 (the policy of a LoRA run, `learner.lora`): the base
+    frozen, adapters attached before sharding and initialised from `seed`; None = every weight trains.
     """
     if chunk_tokens == "auto":
         from configs.shared import LearnerConfig
@@ -200,6 +209,8 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
     lm = empty_causal_lm(model_dir, torch.float32 if trainable else compute, trust_remote_code)
     if activation_checkpointing and trainable:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        lm = attach(lm, lora)
     mixed = trainable and compute != torch.float32
     scorer = TokenScorer(lm, temperature=temperature, top_p=top_p, top_k=top_k, chunk_tokens=chunk_tokens,
                          autocast_dtype=compute if mixed and not shard else None)
@@ -215,6 +226,8 @@ def build_scorer(model_dir: str | Path, *, mesh: DeviceMesh, device: torch.devic
         lm.tie_weights()  # to_empty gives each module its own new tensor
     init_buffers(lm)
     load_local_weights(scorer, model_dir)
+    if lora is not None:
+        init_adapters(scorer, seed)
     scorer.train(trainable)
     if not trainable:
         for p in scorer.parameters():
@@ -253,3 +266,51 @@ def named_full_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, p in module.named_parameters():
         full = p.full_tensor() if isinstance(p, DTensor) else p
         yield hf_name(name), full.detach()
+
+
+# ---------------------------------------------------------------------- LoRA adapters (learner.lora says why)
+def peft_config(lora, base_model: str | None = None):
+    """peft's LoraConfig of `lora` (a `configs.lora_section.LoraConfig`)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.scale * lora.rank, target_modules=list(lora.target_modules),
+                      lora_dropout=lora.dropout, bias="none", task_type="CAUSAL_LM",
+                      base_model_name_or_path=base_model)
+
+
+def attach(lm: nn.Module, lora) -> nn.Module:
+    """`lm` (on the meta device) wrapped in a peft model with one adapter per targeted linear layer; the base
+    frozen. Raises ValueError naming the fix when a target matches no layer."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(lm, peft_config(lora))
+    except ValueError as e:
+        raise ValueError(f"model.lora.target_modules {list(lora.target_modules)}: {e}") from None
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter (any naming) is an adapter tensor (A or B)."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def base_name(name: str) -> str:
+    """The HF name of a frozen weight of an adapted layer (`<layer>.base_layer.weight` → `<layer>.weight`)."""
+    return name.replace(".base_layer.", ".")
+
+
+@torch.no_grad()
+def init_adapters(module: nn.Module, seed: int) -> None:
+    """peft's default start on materialised (possibly FSDP2-sharded) adapters: B = 0; A kaiming-uniform with
+    a = √5 (bound = 1/√in), drawn whole from a generator seeded by (seed, name) so every world size starts
+    the same, each rank keeping its own rows (module docstring)."""
+    for name, p in module.named_parameters():
+        if ".lora_B." in name:
+            p.zero_()
+        elif ".lora_A." in name:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.empty(p.shape, dtype=torch.float32)
+            nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=gen)
+            local = p.to_local() if isinstance(p, DTensor) else p
+            start = shard_start(p) if isinstance(p, DTensor) else 0
+            local.copy_(full[start:start + local.shape[0]].to(local.device, local.dtype))

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from learner.fsdp import ensure_sharded, hf_name
+from learner.fsdp import base_name, ensure_sharded, hf_name, is_adapter
 
 
 def serving_weights(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
@@ -48,7 +48,8 @@ def serving_shapes(policy: nn.Module, dtype: torch.dtype) -> list[tuple[str, tor
     """(HF name, full shape, `dtype`) of each tensor `serving_weights(policy, dtype)` yields, gathering
     nothing (a DTensor's shape is the full one): what rank 0's weight sender reserves host memory for
     before the first push (`weightsync.sender.WeightSender.reserve_staging`)."""
-    return [(hf_name(name), p.shape, dtype) for name, p in policy.named_parameters()]
+    return [(base_name(hf_name(name)), p.shape, dtype) for name, p in policy.named_parameters()
+            if not is_adapter(name)]  # a LoRA policy pushes its base with the adapters merged (learner.lora)
 
 
 def _own_parameters(unit: nn.Module, prefix: str) -> list[tuple[str, nn.Parameter]]:

@@ -30,7 +30,8 @@ from algos.spec import PROX
 from buffer.records import Group
 from learner import batching, checkpoint
 from learner.distributed import all_reduce_extremes, default_device, gather_rows, init_distributed
-from learner.fsdp import DTYPES, build_scorer, make_mesh, named_full_tensors
+from learner.fsdp import DTYPES, build_scorer, ensure_sharded, make_mesh, named_full_tensors
+from learner.lora import AdapterOff, merge_adapters, save_adapter_config
 from learner.optim import lr_at, make_adamw, optimizer_step, set_lr
 from learner.providers import ProviderContext, build_providers, run_scorer
 from learner.train_step import global_norm, train_microbatches
@@ -77,7 +78,8 @@ class Learner:
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         ac = cfg.learner.activation_checkpointing
         self.activation_checkpointing = self.device.type == "cuda" if ac == "auto" else bool(ac)
-        self.policy = self.build_model(trainable=True, truncate=True)
+        self.lora = cfg.model.lora if cfg.model.lora.enabled else None  # adapters on a frozen base: learner.lora
+        self.policy = self.build_model(trainable=True, truncate=True, lora=self.lora)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.vocab_size = int(self.policy.lm.get_output_embeddings().weight.shape[0])
         lc = cfg.learner
@@ -96,25 +98,28 @@ class Learner:
         self.skipped_steps = 0
 
     # ------------------------------------------------------------------ models
-    def build_model(self, *, trainable: bool, truncate: bool = False, model_dir: str | Path | None = None):
+    def build_model(self, *, trainable: bool, truncate: bool = False, model_dir: str | Path | None = None,
+                    lora=None):
         """A sharded `TokenScorer` initialised from the run's model directory (or `model_dir`: the teacher's), at
         the sampling temperature;
         with `truncate` (the policy) also top-k then top-p, the distribution vLLM sampled from
         (`learner.logprobs`). Auxiliary models (reference, PRM) score the untruncated distribution: a
         token outside their nucleus would otherwise get the −30 floor and a spurious KL or implicit reward.
         Trainable models (the policy, PRIME's PRM) recompute activations in backward when
-        `learner.activation_checkpointing` resolves to on (auto: on a CUDA device)."""
+        `learner.activation_checkpointing` resolves to on (auto: on a CUDA device). lora: the policy's
+        `model.lora` when it trains adapters only (`learner.lora`); auxiliary models never get adapters."""
         lc, s = self.cfg.learner, self.sampling
         sampling = s if truncate else dict(s, top_p=1.0, top_k=0)
         return build_scorer(self.model_dir if model_dir is None else model_dir, mesh=self.mesh, device=self.device, dtype=self.dtype,
                             trainable=trainable, **sampling, chunk_tokens=lc.logprob_chunk_tokens,
                             activation_checkpointing=trainable and self.activation_checkpointing, shard=self.fsdp,
-                            trust_remote_code=self.cfg.model.trust_remote_code)
+                            trust_remote_code=self.cfg.model.trust_remote_code, lora=lora, seed=self.cfg.seed)
 
     def reference(self):
-        """The frozen initial policy (built once, shared by every provider that needs it)."""
+        """The frozen initial policy (built once, shared by every provider that needs it). A LoRA run's is the
+        policy itself with its adapters switched off (`learner.lora.AdapterOff`): no second copy of the base."""
         if self._reference is None:
-            self._reference = self.build_model(trainable=False)
+            self._reference = AdapterOff(self.policy) if self.lora else self.build_model(trainable=False)
         return self._reference
 
     def reference_logprobs(self, ctx: ProviderContext) -> torch.Tensor:
@@ -122,6 +127,7 @@ class Learner:
         providers ask (the KL term and PRIME's frozen reference share it)."""
         if self._ref_cache is None or self._ref_cache[0] is not ctx:
             self._ref_cache = (ctx, run_scorer(self.reference(), ctx))
+            ensure_sharded(self.policy)  # AdapterOff ran the policy's root unit, which stays gathered after it
         return self._ref_cache[1]
 
     # ------------------------------------------------------------------ the step
@@ -246,10 +252,12 @@ class Learner:
         hands the tensors to the weight-sync sender, the others drain it).
         dtype: the serving dtype (what the sender pushes): `learner.gather.serving_weights`, one FSDP unit
         at a time, every tensor a new one. None: the fp32 masters, one `full_tensor()` per parameter (an
-        unsharded policy yields its live parameters)."""
+        unsharded policy yields its live parameters). A LoRA policy yields the base with its adapters merged
+        in (`learner.lora.merge_adapters`: new tensors)."""
         from learner.gather import serving_weights
 
-        yield from named_full_tensors(self.policy) if dtype is None else serving_weights(self.policy, dtype)
+        named = named_full_tensors(self.policy) if dtype is None else serving_weights(self.policy, dtype)
+        yield from merge_adapters(named, self.lora.scale) if self.lora else named
 
     def save(self, path: str | Path, extra_state: dict | None = None) -> Path:
         """Write this learner's part of a checkpoint into the new (or empty) directory `path`: every rank its
@@ -259,7 +267,7 @@ class Learner:
         (the driver does, after adding the buffer snapshot); see `learner.checkpoint`."""
         path = Path(path)
         checkpoint.prepare_dir(path, self.rank)
-        checkpoint.save_sharded(path / "policy", self.policy, self.opt)
+        checkpoint.save_sharded(path / "policy", self.policy, self.opt, trainable_only=self.lora is not None)
         checkpoint.save_rng(path, self.rank)
         for provider in self.providers.values():
             provider.save(path, self.rank)
@@ -267,9 +275,12 @@ class Learner:
             checkpoint.save_hf_config(path, self.policy.lm, self.compute_dtype, self.tokenizer,
                                       self.model_dir if self.cfg.model.trust_remote_code else None)
             checkpoint.write_json(path / "extra_state.json", extra_state or {}, "extra_state")
+            if self.lora:
+                save_adapter_config(path, self.lora, self.model_dir)
         checkpoint.finish_learner_part(path, self.rank, {
             "format": 3, "algo": self.spec.name, "optimizer_steps": self.optimizer_steps,
-            "skipped_steps": self.skipped_steps, "world_size": self.world_size, "providers": sorted(self.providers)})
+            "skipped_steps": self.skipped_steps, "world_size": self.world_size, "providers": sorted(self.providers),
+            **({"lora": self.lora.model_dump()} if self.lora else {})})
         return path
 
     def load(self, path: str | Path) -> dict:
@@ -286,7 +297,11 @@ class Learner:
             raise ValueError(f"{path} was saved by a {state['algo']!r} run; this learner runs {self.spec.name!r} "
                              "(to start from its weights, pass its HF export as model_dir: <run>/hf/step_<N>, or "
                              "learner.checkpoint.export_hf(checkpoint, out))")
-        checkpoint.load_sharded(path / "policy", self.policy, self.opt)
+        saved, ours = state.get("lora"), self.lora.model_dump() if self.lora else None
+        if saved != ours:
+            raise ValueError(f"{path} holds a policy trained with model.lora={saved}; this run has model.lora={ours} "
+                             "(a resume keeps model.lora as it was)")
+        checkpoint.load_sharded(path / "policy", self.policy, self.opt, trainable_only=self.lora is not None)
         checkpoint.load_rng(path, self.rank)
         for provider in self.providers.values():
             provider.load(path)

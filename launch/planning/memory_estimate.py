@@ -17,6 +17,10 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
                                              `AlgoSpec.files` counts so), sharded like the reference
     teacher            frozen(P_teacher)     teacher.path, when the algorithm asks for the teacher's
                                              log-probs (--algo opd), sharded like the reference
+  A LoRA run (model.lora; Q: adapter parameters, `ModelShape.lora_parameters`) replaces the sharded state
+  by the frozen fp32 base, 4 × P / world, and the adapters' 16 × Q / world; the embedding and head are
+  frozen (no root gradients), and the reference is the policy with its adapters off (nothing more). Its
+  pushes carry the merged base, P × d, as a full run's.
   frozen(P) = P × d / world + R × d: a frozen model sharded with FSDP2 over the ranks, whose root unit
   (its embedding and head) is whole while it runs; P × d on a world of one (unsharded).
   rank 0 only, on the GPU:
@@ -66,10 +70,12 @@ class LearnerMemory:
 def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: int, checkpointing: bool,
                    dtype_bytes: int = 2, delta: bool = False, reference: bool = False,
                    aux: tuple[ModelShape, ...] = (), teacher: ModelShape | None = None,
-                   bucket_bytes: float = 256 * 2**20, activations: float | None = None) -> LearnerMemory:
+                   bucket_bytes: float = 256 * 2**20, activations: float | None = None,
+                   lora_params: int | None = None) -> LearnerMemory:
     """The module docstring's budget for one rank (pure arithmetic). aux: the frozen HF models the
     algorithm loads (PURE's PRM); teacher: the distillation teacher's shape (None: no teacher);
-    activations: measured bytes of one micro-batch's activations (None: the formula)."""
+    activations: measured bytes of one micro-batch's activations (None: the formula); lora_params: the
+    adapters' parameters of a LoRA run (None: every weight trains)."""
     p, d, h = shape.parameters(), dtype_bytes, shape.hidden
     root = shape.vocab * h * (1 if shape.tied else 2)
     layer = (p - root - h) / shape.layers
@@ -81,10 +87,14 @@ def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: 
         whole = s.parameters() * d
         return whole if world == 1 else whole / world + s.vocab * s.hidden * (1 if s.tied else 2) * d
 
-    every = [("fp32 state", 16 * p / world), ("embedding/head", root * d), ("their grads", root * (d + 4)),
-             ("2 layers", 2 * layer * d), ("activations", acts),
+    if lora_params is None:
+        state = [("fp32 state", 16 * p / world), ("embedding/head", root * d), ("their grads", root * (d + 4))]
+    else:
+        state = [("frozen fp32 base", 4 * p / world), ("adapter state", 16 * lora_params / world),
+                 ("embedding/head", root * d)]
+    every = [*state, ("2 layers", 2 * layer * d), ("activations", acts),
              ("log-prob head", 4 * chunk_tokens * shape.vocab * 4)]
-    if reference:
+    if reference and lora_params is None:
         every.append(("reference", frozen(shape)))
     every += [("HF PRM", frozen(s)) for s in aux]
     if teacher is not None:
@@ -126,7 +136,13 @@ def run_memory(cfg: RunConfig, shape: ModelShape, gpu: bool = True, activations:
                           reference="ref_logprobs" in algos.get(cfg.algo).requires(cfg),
                           aux=aux_shapes(cfg), teacher=teacher_shape(cfg),
                           bucket_bytes=cfg.weight_sync.bucket_mb * 2**20,
-                          activations=activations)
+                          activations=activations, lora_params=lora_parameters(cfg, shape))
+
+
+def lora_parameters(cfg: RunConfig, shape: ModelShape) -> int | None:
+    """The adapters' parameters of a LoRA run (`ModelShape.lora_parameters`); None when every weight trains."""
+    lora = cfg.model.lora
+    return shape.lora_parameters(lora.rank, lora.target_modules) if lora.enabled else None
 
 
 def estimate_line(cfg: RunConfig, shape: ModelShape) -> str:
@@ -139,7 +155,10 @@ def estimate_line(cfg: RunConfig, shape: ModelShape) -> str:
     host = sum(b for _, b in m.rank0_host)
     return (f"[run] learner memory per rank (estimate): rank 0 ≈ {m.total(True) / GB:.1f} GB{others} — {items} GB "
             f"({tokens:,}-token micro-batches, log-prob chunk {chunk:,}; lower learner.micro_batch_tokens or "
-            f"learner.logprob_chunk_tokens if that is near your GPU's memory); rank 0 stages each push in "
+            f"learner.logprob_chunk_tokens if that is near your GPU's memory)"
+            + (f"; LoRA rank {cfg.model.lora.rank}: {lora_parameters(cfg, shape) / 1e6:.1f} M adapter parameters "
+               "train, the base is frozen" if cfg.model.lora.enabled else "")
+            + f"; rank 0 stages each push in "
             f"{host / GB:.1f} GB of pinned host memory ({cfg.weight_sync.mode} pushes)")
 
 

@@ -58,6 +58,17 @@ class ModelShape:
         layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate + 2 * h
         return self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
 
+    def lora_parameters(self, rank: int, targets: list[str] | tuple[str, ...]) -> int:
+        """Parameters of rank-`rank` LoRA adapters on the layers named `targets` (model.lora): rank × (in + out)
+        per adapted linear layer and decoder block. The Llama/Qwen projections have their shapes (q: hidden →
+        heads × head_dim, k and v: hidden → KV heads × head_dim, o back, gate/up: hidden → MLP width, down
+        back); any other name is counted as a hidden → hidden layer. Qwen2.5-7B, rank 16, all seven:
+        16 × 28 × ((3584+3584) + 2 × (3584+512) + (3584+3584) + 3 × (3584+18944)) = 40.4 M."""
+        h, q, kv, m = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        dims = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + m,
+                "up_proj": h + m, "down_proj": m + h}
+        return rank * self.layers * sum(dims.get(t, 2 * h) for t in targets)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 

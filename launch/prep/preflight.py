@@ -23,6 +23,7 @@ It writes nothing. Checked, in order:
 - env.tools / env.environment: each tool loads and can be described to the model (typed, documented), the
   environment class loads, is made without arguments and its reset/step take one argument, and the chat
   template renders tool results and observations by appending (`check_env`);
+- model.lora (when on): its targets, rank and model type fit the model (`launch.prep.lora_check`);
 - reward.fn: loads and its parameter names fit our, veRL's or TRL's shape, a TRL one's columns those of the
   data (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
@@ -46,6 +47,7 @@ from launch.planning.versions import vllm_problem
 from launch.prep.data import load_prompt_records, match_demos, prompt_style, read_file
 from launch.prep.hub import ModelNotCached, model_dir
 from launch.prep.teacher_check import FIX, tokenizer_difference
+from launch.prep.lora_check import lora_problem
 from tasks.loaders import HUB_DATA
 from tasks.records import DataError
 from tasks.rewards import RewardSpecError, check_reward_fn, data_columns, reward_name
@@ -77,6 +79,8 @@ def preflight(cfg: RunConfig) -> None:
                                  "chat-formatted) — give one with data.chat_template, or use data.prompt_format=raw "
                                  "for a base model")
         check_context(cfg, path)
+    if problem := lora_problem(cfg, path if cfg.model.path is not None else None):
+        raise PreflightError(problem)
     train = check_prompts(cfg)  # (training, held-out) records
     check_prompt_style(cfg, tokenizer, train[0][:1])
     if spec.needs_demonstrations and cfg.data.demos:

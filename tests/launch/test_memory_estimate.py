@@ -101,3 +101,27 @@ def test_the_teacher_counts_sharded_like_the_reference(tmp_path):
     assert "teacher" not in dict(run_memory(grpo, shape).every_rank)
     (tmp_path / "config.json").write_text("{")
     assert "teacher" not in dict(run_memory(opd, shape).every_rank)  # unreadable: preflight refuses it
+
+
+def test_a_lora_run_counts_a_frozen_base_and_the_adapters_only(tmp_path):
+    shape = ModelShape.from_config(QWEN_7B)
+    p = 7_615_487_488
+    q = shape.lora_parameters(16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # per layer: q (3584+3584) + k, v 2 × (3584+512) + o (3584+3584) + gate, up 2 × (3584+18944) + down (18944+3584)
+    assert q == 16 * 28 * 90112 == 40_370_176
+    full = learner_memory(shape, world=1, tokens=16384, chunk_tokens=1024, checkpointing=True, reference=True)
+    lora = learner_memory(shape, world=1, tokens=16384, chunk_tokens=1024, checkpointing=True, reference=True,
+                          lora_params=q)
+    lo = dict(lora.every_rank)
+    assert lo["frozen fp32 base"] == 4 * p and lo["adapter state"] == 16 * q  # 30.5 GB + 0.65 GB
+    assert "their grads" not in lo and "reference" not in lo  # frozen head; the reference is the adapter-off base
+    # one GPU: 16 × P (121.8 GB) + head grads (6.5 GB) + a bf16 reference (15.2 GB) → 4 × P + 16 × Q
+    assert full.total(True) - lora.total(True) == pytest.approx(12 * p + 1_089_994_752 * 6 + 2 * p - 16 * q)
+    # 30.46 base + 0.65 adapters + 2.18 head + 0.93 two layers + 5.00 activations + 2.49 log-prob head + 2.18 send
+    assert lora.total(True) == pytest.approx(43.89e9, rel=1e-3)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+    cfg = resolve("grpo", overrides=[f"model.path={tmp_path}", "model.lora.rank=16"])
+    run = run_memory(resolve_auto(cfg, [Node("g", 96, 16, 1000)]), shape)
+    assert dict(run.every_rank)["adapter state"] == 16 * q
+    (line,) = start_lines(resolve_auto(cfg, [Node("g", 96, 16, 1000)]))
+    assert "LoRA rank 16: 40.4 M adapter parameters train, the base is frozen" in line

@@ -1,0 +1,56 @@
+"""End to end: a LoRA run (`model.lora`) of a user's model, `--serial` (learner and actor in the driver process,
+a real vLLM engine, a real buffer process, real weight pushes): the adapters train on the frozen base, every
+push carries the merged weights, the checkpoint holds the adapters only, and the run's output is a peft adapter
+(plus the merged model) that peft and transformers load.
+
+The model is `tests.e2e.real_model`'s random-init Qwen2 (q/k/v biases, grouped KV heads, tied embeddings) on
+MATH-500: it scores 0, so the groups carry no advantage; a small entropy bonus moves the adapters.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from tests.e2e.helpers import check_run, train, trained_rows
+from tests.e2e.real_model import RealAssets
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_lora_run_trains_adapters_pushes_merged_weights_and_exports_an_adapter(tmp_path, real_assets: RealAssets):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    train(out, None, "--algo", "grpo", "--serial", "--actors", "1", "--steps", "3", "--max-staleness", "1",
+          "--model", str(real_assets.model), "--data", str(real_assets.data), "--set", "loss.entropy_coef=0.01",
+          "--set", "model.lora.rank=8", "--set", "model.lora.alpha=16", "--set", "model.lora.export_merged=true")
+    check_run(out, 3, 1, "loss/pg")
+    base = load_file(str(real_assets.model / "model.safetensors"))
+    full_bytes = sum(t.numel() * t.element_size() for t in base.values())
+    # every push is the whole merged model, in the serving dtype (fp32 on CPU): wire bytes = the model's + framing
+    pushed = [r["weight_sync/bytes"] for r in trained_rows(out) if r.get("weight_sync/bytes")]
+    assert pushed and all(full_bytes <= b < full_bytes * 1.01 for b in pushed), (pushed, full_bytes)
+
+    names = []
+    for f in (out / "checkpoints" / "step_3" / "policy").glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as h:
+            names += list(h.keys())  # noqa: SIM118 (not a dict)
+    assert names and all(".lora_" in n for n in names if not n.endswith(".step")), names  # adapters only
+
+    export = out / "hf" / "step_3"
+    assert (export / "adapter_config.json").is_file() and (export / "adapter_model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(real_assets.model, dtype=torch.float32)
+    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.no_grad():
+        plain = model(ids).logits
+        adapted = PeftModel.from_pretrained(model, export).eval()(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(export / "merged", dtype=torch.float32)(ids).logits
+    assert (adapted - plain).abs().max() > 0  # the adapters trained
+    torch.testing.assert_close(merged, adapted, atol=1e-5, rtol=0)
+    changed = {k for k, v in load_file(str(export / "merged" / "model.safetensors")).items()
+               if not torch.equal(v, base[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed), changed  # the adapted layers only
