@@ -23,6 +23,7 @@ PROCESS_BASELINES = ("seed", "reference")
 UPDATES = ("single", "double")
 REFS = ("freeze", "policy")
 PRM_LOSSES = ("ce", "dpo", "bon_acc", "bon_rm")
+PRM_UPDATES = ("online", "frozen")
 
 
 @dataclass
@@ -70,6 +71,16 @@ class PrimeOptions:
               "detached DPO against the group's scores from an extra no-grad forward before the update "
               "(PRIME-verl update=reverse), BoN-weighted for bon_*; per-row losses summed and divided by the "
               "step's rows")
+    prm_update: Literal[PRM_UPDATES] = option(
+        "online", "online (default; PRIME's method): one PRM optimiser step per learner step; frozen (the PRIME "
+                  "paper's offline-PRM arm, §5.3): online for the first prime.prm_frozen_after learner steps, "
+                  "then no PRM optimiser step: q comes from a no-grad forward of the PRM as it was then, "
+                  "prime/prm_version stops and prime/prm_loss is the frozen PRM's CE on the step's rows (needs "
+                  "prm_loss=ce, update=single). With prm_frozen_after=0 and ref=freeze the PRM is the reference "
+                  "itself, so q ≡ 0: the paper's frozen PRM was trained before RL, which the warm-up stands for")
+    prm_frozen_after: int = option(
+        0, "with prm_update=frozen: learner steps (0-based step index) of online PRM updates before it freezes; a "
+           "frozen arm and an online arm with the same seed share these steps", ge=0)
 
 
 def prime_requirements(cfg: Any) -> frozenset[str]:
@@ -92,6 +103,9 @@ def prime_problems(cfg: Any):
     if cfg.prime.drop_last_token and cfg.prime.granularity == "whole":
         yield ("prime.drop_last_token: with prime.granularity=whole the whole reward sits on the last token and "
                "would be dropped — set prime.granularity=token or prime.drop_last_token=false")
+    if cfg.prime.prm_update == "frozen" and (cfg.prime.prm_loss != "ce" or cfg.prime.update != "single"):
+        yield ("prime.prm_update: a frozen PRM takes no update step, so prime.prm_loss and prime.update only name "
+               "what it would log — set prime.prm_loss=ce and prime.update=single with prime.prm_update=frozen")
 
 
 register(AlgoSpec(

@@ -21,6 +21,8 @@ Group filters (PURE's optional all-0/all-1 curriculum filter) belong to the buff
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -216,6 +218,7 @@ def pure_advantage(
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     width: int | None = None,
+    vr_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PURE advantages [B, T] (0 outside the mask and at zeroed positions) and intermediate tensors.
 
@@ -242,6 +245,9 @@ def pure_advantage(
     do_whiten "pure_main", KL k1 (or k3) with kl_coef 0.001, loss.agg seq-mean-token-mean. PURE-verl =
     baseline verl with width = its max_response_length, zero_separators off, do_whiten "batch", KL
     low_var_kl with kl_coef 0.001, loss.agg token-mean.
+    vr_rows [B] (optional, `pure.vr_fraction` < 1): 1 where the row's prompt gets the verifiable reward,
+    0 elsewhere; the c_vr term above (v_i in the verl fused return, the RLOO term otherwise) is multiplied
+    by it. A prompt's rows share the value, so the RLOO stays within groups of equal weight.
     Deviations from the reference: the VR reward scale ({−1, 0} in PURE-main, {0, 1} in PURE-verl) is
     irrelevant for token/step (RLOO is shift-invariant) but not for verl, whose baseline spreads the
     others' VR over L tokens: give v ∈ {0, 1} to match PURE-verl. Empty rows get advantage 0.
@@ -251,14 +257,15 @@ def pure_advantage(
     ends = step_end.bool() & mask.bool()
     step_rewards, returns = process_returns(step_scores, ends, m, credit, temperature, gamma)
     kl_return = kl_coef * suffix_sum(kl * m) if kl is not None and kl_coef else torch.zeros_like(m)
+    vr_w = torch.ones_like(m[:, 0]) if vr_rows is None else vr_rows.to(m.dtype)
     if baseline == "verl":
-        fused = c_pr * returns + c_vr * rewards.to(m.dtype)[:, None] * m - kl_return
+        fused = c_pr * returns + c_vr * (vr_w * rewards.to(m.dtype))[:, None] * m - kl_return
         base, b = process_baseline(fused, ends, m, group_index, baseline, width)
         adv = fused - base
     else:
         base, b = process_baseline(returns, ends, m, group_index, baseline)
         vr = baselines.rloo(rewards.to(m.dtype), group_index)
-        adv = c_pr * (returns - base) + c_vr * vr[:, None] - kl_return
+        adv = c_pr * (returns - base) + c_vr * (vr_w * vr)[:, None] - kl_return
     adv = adv * m
     last = torch.zeros_like(ends)
     idx = last_token_index(m)
@@ -277,6 +284,18 @@ def pure_advantage(
     info = {"step_rewards": step_rewards, "returns": returns, "baseline": base, "b": b,
             "total_process": _first_value(returns, m) if returns.shape[1] else b}
     return adv * keep, info
+
+
+def vr_prompt(prompt_ids: Sequence[int], seed: int, fraction: float) -> bool:
+    """Whether a prompt gets the verifiable reward under `pure.vr_fraction`: u < fraction with u the first 8
+    bytes of blake2b("<seed>:" + the prompt's token ids, comma-separated) read as an integer / 2^64. It
+    depends only on the prompt and the run seed, so a prompt is in or out for the whole run and every rank
+    agrees; fraction 1 takes every prompt, 0 none."""
+    if fraction >= 1.0:
+        return True
+    text = f"{seed}:" + ",".join(str(int(t)) for t in prompt_ids)
+    u = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
+    return u < fraction
 
 
 def step_score_metrics(step_scores: torch.Tensor, step_end: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -313,11 +332,15 @@ def _pure_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torch
             raise ValueError("pure.kl_coef > 0 needs reference log-probs, but the learner provided none")
         kl = kl_in_reward(batch.old_logprobs.float(), batch.ref_logprobs.float(), m, pc.kl_estimator)
     rewards, overlong_metrics = shaped_rewards(batch, cfg)
+    vr_rows = batch.extras.get("vr_rows")
+    if pc.vr_fraction < 1.0 and vr_rows is None:
+        raise ValueError("pure.vr_fraction < 1 needs batch.extras['vr_rows'] from the 'process_rewards' provider")
     adv, info = pure_advantage(
         scores, ends, m, rewards, batch.group_index,
         credit=pc.credit, temperature=pc.temperature, gamma=pc.gamma, c_pr=pc.c_pr, c_vr=pc.c_vr,
         baseline=pc.baseline, do_whiten=pc.whiten, zero_separators=pc.zero_separators,
         zero_final=pc.zero_final, kl=kl, kl_coef=pc.kl_coef, width=cfg.rollout.max_response_tokens,
+        vr_rows=vr_rows if pc.vr_fraction < 1.0 else None,
     )
     metrics = step_score_metrics(scores, ends, m) | overlong_metrics
     metrics |= {
@@ -325,6 +348,8 @@ def _pure_adv(batch: StepBatch, cfg: Any) -> tuple[torch.Tensor, dict[str, torch
         "pure/baseline": info["b"].mean() if m.shape[0] else torch.zeros(()),
         "pure/adv_mean": masked_mean(adv, m),
     }
+    if pc.vr_fraction < 1.0:
+        metrics["pure/vr_row_frac"] = vr_rows.float().mean() if m.shape[0] else torch.zeros(())
     if kl is not None:
         metrics["pure/kl_ref"] = masked_mean(kl, m)
     return adv, {k: v.detach() for k, v in metrics.items()}

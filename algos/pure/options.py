@@ -33,6 +33,11 @@ class PureOptions:
     gamma: float = option(1.0, "discount for credit=gamma", gt=0, le=1)
     c_pr: float = option(1.0, "process-reward coefficient")
     c_vr: float = option(1.0, "verifiable-reward (RLOO) coefficient")
+    vr_fraction: float = option(
+        1.0, "share of prompts (0–1) whose rows get the c_vr term; the others train on the process reward only. "
+             "A prompt is in when a hash of its token ids and the run seed falls below it (algos.pure.maths."
+             "vr_prompt), so it is in or out for the whole run. 1 = every prompt (today's behaviour); the PURE "
+             "paper's PRM+VR arm uses 0.1", ge=0, le=1)
     baseline: Literal[BASELINES] = option(
         "token", "baseline of the process return: token (PURE-main scripts), step (PURE-main argparse default) or "
                  "verl (PURE-verl RLOO: the others' summed fused returns / ((n−1)·L) with L = "

@@ -46,8 +46,8 @@ from configs.schema import RunConfig
 from launch.planning.versions import vllm_problem
 from launch.prep.data import load_prompt_records, match_demos, prompt_style, read_file
 from launch.prep.hub import ModelNotCached, model_dir
-from launch.prep.teacher_check import FIX, tokenizer_difference
 from launch.prep.lora_check import lora_problem
+from launch.prep.teacher_check import FIX, tokenizer_difference
 from tasks.loaders import HUB_DATA
 from tasks.records import DataError
 from tasks.rewards import RewardSpecError, check_reward_fn, data_columns, reward_name

@@ -20,6 +20,9 @@ One PRM optimiser step per learner step (the step's batch is PRIME's mini-batch)
   single  the q returned come from the same forward pass that produces the PRM loss, i.e. from π_φ
           *before* this step's PRM update (PRIME-orig `after`);
   double  update first, then re-score with the updated π_φ (no grad) and return those q (verl `before`).
+`prime.prm_update=frozen` (the paper's offline PRM): from learner step `prime.prm_frozen_after` on, no grad
+forward and no PRM step; q = one no-grad forward of π_φ as it is, prime/prm_loss = its CE on the step's rows
+(the same reduction), prime/prm_version stays where it stopped.
 A non-finite PRM gradient skips the PRM step (counted in prime/prm_skipped); it never stops training.
 FSDP averages gradients over ranks, so the loss is multiplied by the world size (as the policy's).
 Metrics: prime/prm_loss, prime/prm_grad_norm, prime/prm_version (PRM optimiser steps so far),
@@ -66,6 +69,8 @@ class ImplicitPRM(Provider):
         acc = ctx.rewards.float().clamp(0.0, 1.0)
         pos = {g: i for i, g in enumerate(ctx.local)}
         loss_sum = [0.0]
+        if pc.prm_update == "frozen" and ctx.step >= pc.prm_frozen_after:
+            return self._frozen(ctx, ref, acc)
         targets = None if pc.prm_loss == "ce" else self._detached_targets(ctx, ref, acc)
 
         def backward(mb, logp: torch.Tensor) -> None:
@@ -97,6 +102,17 @@ class ImplicitPRM(Provider):
                          "prime/prm_version": float(self.version), "prime/prm_skipped": float(self.skipped),
                          "prime/prm_lr": pc.prm_lr}
         return {"prime_q": (prm_logp - ref) * mask}
+
+    def _frozen(self, ctx: ProviderContext, ref: torch.Tensor, acc: torch.Tensor) -> dict[str, torch.Tensor]:
+        """prime.prm_update=frozen: q from a no-grad forward of the untouched π_φ, its CE logged."""
+        mask = ctx.response_mask
+        q = (run_scorer(self.model, ctx) - ref) * mask
+        local = float(prm_ce_loss(q, acc, mask, self.pc.beta, reduction="sum")) if len(ctx.local) else 0.0
+        (loss,) = all_reduce_sum([local / max(ctx.num_rows, 1)])
+        self._metrics = {"prime/prm_loss": loss, "prime/prm_grad_norm": 0.0,
+                         "prime/prm_version": float(self.version), "prime/prm_skipped": float(self.skipped),
+                         "prime/prm_lr": 0.0}
+        return {"prime_q": q}
 
     def _detached_targets(self, ctx: ProviderContext, ref: torch.Tensor,
                           acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,7 +20,8 @@ the final token, which always ends a step); `step_spans` are (start, end) charac
     so the final step loses nothing; a response cut off mid-step keeps its last character).
 The provider decodes every response token by token, splits steps with `algos.pure.steps.step_spans`
 (a step ends where its text first ends with "\\n\\n", plus the final token), scores them, and writes
-extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere).
+extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere), and
+with `pure.vr_fraction` < 1 extras["vr_rows"] [B] bool (`algos.pure.maths.vr_prompt` of the prompt's ids).
 Each rank scores only its own rows (`ProviderContext.local`, once per learner step, all of them in
 one `score_responses` call); the learner all-gathers the outputs. The PRM is sharded over the ranks
 with FSDP2 like the reference model when the learner shards (world > 1; `learner.fsdp.shard_frozen`: a
@@ -41,6 +42,7 @@ from typing import Protocol
 
 import torch
 
+from algos.pure.maths import vr_prompt
 from algos.pure.steps import SEPARATOR, scores_from_logits, step_spans
 from learner.prm.agreement import prm_agreement
 from learner.provider_base import ModelHost, Provider, ProviderContext
@@ -318,6 +320,7 @@ class ProcessRewards(Provider):
         # sharded over the ranks like the reference when the learner shards (a Learner's `fsdp`, `mesh`)
         mesh = host.mesh if getattr(host, "fsdp", False) else None
         self.prm = make_prm(host.cfg, host.device, host.compute_dtype, mesh)
+        self.vr_fraction, self.seed = host.cfg.pure.vr_fraction, host.cfg.seed
         self._metrics: dict[str, float] = {}
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
@@ -335,7 +338,11 @@ class ProcessRewards(Provider):
                 scores[i, pos] = torch.tensor(vals)
         self._metrics = prm_agreement(items, raw, [r.reward for r in rows], [r.group for r in rows],
                                       against_checker=not isinstance(self.prm, RuleStepChecker))
-        return {"step_end_mask": ends.to(dev), "step_scores": scores.to(dev)}
+        out = {"step_end_mask": ends.to(dev), "step_scores": scores.to(dev)}
+        if self.vr_fraction < 1.0:  # [b_local] 1 = the prompt gets the verifiable reward (pure.vr_fraction)
+            out["vr_rows"] = torch.tensor([vr_prompt(r.prompt, self.seed, self.vr_fraction) for r in rows],
+                                          dtype=torch.bool, device=dev)
+        return out
 
     def metrics(self) -> dict[str, float]:
         """This step's `learner.prm.agreement` metrics."""

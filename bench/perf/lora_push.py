@@ -6,7 +6,7 @@ push so both see the same load. Ratios within one run are the result (bench/lora
 
 Cases: the quick-start's tiny Llama (fp32) with a rank-16 adapter on its 7 projections, and a Qwen2-0.5B-shaped
 model (bf16) with the same adapter layout. Run:
-``.venv/bin/python bench/lora_push.py [--cases tiny qwen05b] [--pushes 5]``; one JSON line per case.
+``.venv/bin/python bench/perf/lora_push.py [--cases tiny qwen05b] [--pushes 5]``; one JSON line per case.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 TOKEN = "bench-lora-push-token"  # the weight-sync admission token (a run generates its own)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
