@@ -41,8 +41,11 @@ def train(out: Path, model_cache: str | None, *args: str, timeout: int = 420) ->
 
 
 def rows(run: Path) -> list[dict]:
+    """The metrics rows of `run` written so far: a live run may be half-way through writing its last line,
+    so only complete lines (ending in a newline) are read."""
     path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
 def trained_rows(run: Path) -> list[dict]:
