@@ -205,10 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.report.suffix == ".md":
         ap.error(f"--report {args.report}: name the JSON report (e.g. smoke.json); the table goes beside it as .md")
     report = run(set(args.steps) | {"imports"}, args.budget, log=lambda m: print(m, file=sys.stderr, flush=True))
-    text = table(report)
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(json.dumps(report, indent=1) + "\n")
-    args.report.with_suffix(".md").write_text(text)
+    return write_report(report, table(report), args.report)
+
+
+def write_report(report: dict, text: str, path: Path) -> int:
+    """The JSON report at `path` and its table beside it (.md), the table printed; the exit status: 1 when a
+    step failed or timed out."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    path.with_suffix(".md").write_text(text)
     print(text, flush=True)
     return 1 if any(s["status"] in ("failed", "timeout") for s in report["steps"]) else 0
 

@@ -17,7 +17,6 @@ Steps (bench/gpu/gpu_smoke_two_steps.py does the work; a step that needs what th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu.gpu_smoke import Step, missing, run_step, table  # noqa: E402
+from bench.gpu.gpu_smoke import Step, missing, run_step, table, write_report  # noqa: E402
 
 BUDGET_S = 360.0  # 6 minutes
 SCRIPT = "bench/gpu/gpu_smoke_two_steps.py"
@@ -100,12 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="smoke2-"))
     report = run(set(args.steps) | {"imports"}, args.budget, work,
                  log=lambda m: print(m, file=sys.stderr, flush=True))
-    text = table(report).replace("GPU smoke (", "GPU smoke, two GPUs (", 1)
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(json.dumps(report, indent=1) + "\n")
-    args.report.with_suffix(".md").write_text(text)
-    print(text, flush=True)
-    return 1 if any(s["status"] in ("failed", "timeout") for s in report["steps"]) else 0
+    return write_report(report, table(report).replace("GPU smoke (", "GPU smoke, two GPUs (", 1), args.report)
 
 
 if __name__ == "__main__":
