@@ -32,13 +32,16 @@ from bench.chaos.chaos_procs import (
 from bench.common.runs import log
 
 ROLES = ("actor", "buffer", "learner")
-PERIODIC = ("kill", "snapshot", "stuck")  # every ~every_s seconds of training, one of these (drawn)
+PERIODIC = ("kill", "snapshot", "stuck", "join")  # every ~every_s seconds of training, one of these (drawn)
 ONCE = ("startup", "drain")  # at most once per run
-KINDS = PERIODIC + ONCE
+CONFIG = ("env",)  # a fault of the run's config, not injected by the monkey (bench/chaos/chaos_env.py)
+KINDS = PERIODIC + ONCE + CONFIG
 # a learner rank killed before the first checkpoint stops the run for good, by design ("start it over",
 # docs/running.md): a start-up fault therefore hits an actor or the buffer
 STARTUP_ROLES = ("actor", "buffer")
 STALL_S = 5.0  # seconds without a new step after which the run counts as not training (restarting, evaluating)
+KV_LINE = "[engine] KV cache:"  # an actor's engine is built (actors.engine.kv_cache_line, in logs/actor-<i>.log)
+JOIN_HUNT_S = 600.0  # a join fault gives up when the successor's engine is not up within this
 HUNT_POLL_S = 0.002  # how often the snapshot fault looks for its window (a snapshot of the tiny run takes ms)
 FINAL_POLL_S, NEAR_END = 0.05, 3  # with a drain fault, the log is read this often from NEAR_END steps before the end
 
@@ -50,6 +53,7 @@ class FaultPlan:
     kinds: frozenset[str] = frozenset({"kill"})
     stuck_s: float = 60.0  # how long a stuck engine core stays SIGSTOPped
     startup_within_s: float = 30.0  # a start-up kill comes 0..this after its victim's process appears
+    join_stall_s: float = 45.0  # how long a successor's engine core is held in the weight-sync join
 
 
 class Monkey(threading.Thread):
@@ -143,7 +147,7 @@ class Monkey(threading.Thread):
             if trained_s < gap or not self.periodic:
                 continue
             kind = self.periodic[0] if len(self.periodic) == 1 else self.kind_rng.choice(self.periodic)
-            if {"kill": self._kill, "snapshot": self._snapshot, "stuck": self._stick}[kind](seen):
+            if {"kill": self._kill, "snapshot": self._snapshot, "stuck": self._stick, "join": self._join}[kind](seen):
                 gap, trained_s, moved_at, last = self._gap(), 0.0, None, time.monotonic()
 
     def _drain(self) -> None:
@@ -230,6 +234,51 @@ class Monkey(threading.Thread):
         self.stopped.append((time.monotonic() + self.plan.stuck_s, core.pid, core.start, len(self.faults) - 1))
         return True
 
+    def _join(self, seen: int) -> bool:
+        """SIGKILL a random actor, then SIGSTOP its successor's engine core for `join_stall_s` as soon as that
+        engine is built (its KV-cache line in the actor's log): the driver then rebuilds the weight-sync group
+        with it, and the live engines wait in the rendezvous (`init_weight_transfer_engine`) for the stopped one
+        past the progress deadline, with their requests in flight (review gpu_path_3 F1). The stop is recorded
+        as a {"kind": "held", "of": index} line; `_cont` sends the SIGCONT."""
+        roles = self._roles()
+        names = sorted(r for r in roles or {} if r.startswith("actor/"))
+        session = _session(roles or {})
+        if not names or session is None:
+            return False
+        name = self.rng.choice(names)
+        pid, before = int(roles[name]["pid"]), {int(v["pid"]) for k, v in roles.items() if k.startswith("actor/")}
+        if not alive_in(pid, session):
+            return False
+        logs = actor_logs(self.run_dir, int(name.split("/")[1]))
+        built = kv_lines(logs)
+        if not self._signal(signal.SIGKILL, {"kind": "join", "role": "actor", "name": name, "pid": pid,
+                                             "stall_s": self.plan.join_stall_s}, seen):
+            return False
+        index, until = len(self.faults) - 1, time.monotonic() + JOIN_HUNT_S
+        while time.monotonic() < until and not self.done.wait(0.05):
+            if kv_lines(logs) <= built:
+                continue
+            procs = read_procs()
+            driver = find_driver(procs, self.run_dir)
+            new = [a for a in (run_roles(procs, driver.pid)["actor"] if driver else []) if a not in before]
+            cores = [c for a in new for c in engine_cores(procs, a)]
+            if cores and self._hold(cores[0], new[0], index):
+                return True
+        self._write({"kind": "held", "of": index, "missed": True, "epoch": round(time.time(), 3)})
+        log(f"[chaos] join fault missed: no successor engine of {name} came up to hold in the join")
+        return True
+
+    def _hold(self, core, actor: int, index: int) -> bool:
+        try:
+            os.kill(core.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
+        self.stopped.append((time.monotonic() + self.plan.join_stall_s, core.pid, core.start, index))
+        self._write({"kind": "held", "of": index, "pid": core.pid, "actor_pid": actor, "epoch": round(time.time(), 3)})
+        log(f"[chaos] SIGSTOP: successor engine core pid {core.pid} (actor pid {actor}) held in the weight-sync "
+            f"join for {self.plan.join_stall_s:.0f} s")
+        return True
+
     def _cont(self, everything: bool = False) -> None:
         """SIGCONT the stopped engine cores that are due (`everything`: all), if they still exist."""
         for item in [s for s in self.stopped if everything or time.monotonic() >= s[0]]:
@@ -277,6 +326,20 @@ class Monkey(threading.Thread):
 
     def _gap(self) -> float:
         return self.plan.every_s * self.rng.uniform(0.5, 1.5)
+
+
+def actor_logs(run_dir: Path, actor: int) -> list[Path]:
+    """The log files of actor `actor` in the run folder (its successors write there too)."""
+    return sorted((Path(run_dir) / "logs").glob(f"actor-{actor}.*"))
+
+
+def kv_lines(logs: list[Path]) -> int:
+    """How many engines of these logs were built so far (their KV-cache lines)."""
+    n = 0
+    for path in logs:
+        with contextlib.suppress(OSError):
+            n += path.read_text(errors="replace").count(KV_LINE)
+    return n
 
 
 def _session(roles: dict) -> int | None:
