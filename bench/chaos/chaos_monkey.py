@@ -20,10 +20,14 @@ from pathlib import Path
 from bench.chaos.chaos_console import progress
 from bench.chaos.chaos_procs import (
     STAGED,
+    actor_logs,
     alive_in,
+    cpu_ticks,
     engine_cores,
     final_phase,
     find_driver,
+    joined_lines,
+    kv_lines,
     read_proc,
     read_procs,
     run_roles,
@@ -40,8 +44,8 @@ KINDS = PERIODIC + ONCE + CONFIG
 # docs/running.md): a start-up fault therefore hits an actor or the buffer
 STARTUP_ROLES = ("actor", "buffer")
 STALL_S = 5.0  # seconds without a new step after which the run counts as not training (restarting, evaluating)
-KV_LINE = "[engine] KV cache:"  # an actor's engine is built (actors.engine.kv_cache_line, in logs/actor-<i>.log)
 JOIN_HUNT_S = 600.0  # a join fault gives up when the successor's engine is not up within this
+QUIET_S = 0.3  # a successor's engine core without CPU time for this long has answered its start-up calls
 HUNT_POLL_S = 0.002  # how often the snapshot fault looks for its window (a snapshot of the tiny run takes ms)
 FINAL_POLL_S, NEAR_END = 0.05, 3  # with a drain fault, the log is read this often from NEAR_END steps before the end
 
@@ -235,11 +239,11 @@ class Monkey(threading.Thread):
         return True
 
     def _join(self, seen: int) -> bool:
-        """SIGKILL a random actor, then SIGSTOP its successor's engine core for `join_stall_s` as soon as that
-        engine is built (its KV-cache line in the actor's log): the driver then rebuilds the weight-sync group
-        with it, and the live engines wait in the rendezvous (`init_weight_transfer_engine`) for the stopped one
-        past the progress deadline, with their requests in flight (review gpu_path_3 F1). The stop is recorded
-        as a {"kind": "held", "of": index} line; `_cont` sends the SIGCONT."""
+        """SIGKILL a random actor, then SIGSTOP its successor's engine core for `join_stall_s` once its start has
+        ended (`_hold`): the driver then rebuilds the weight-sync group with it, and the live engines wait in the
+        rendezvous (`init_weight_transfer_engine`) for the stopped one past the progress deadline, with their
+        requests in flight (review gpu_path_3 F1). The stop is a {"kind": "held", "of": index} line; `_cont`
+        sends the SIGCONT."""
         roles = self._roles()
         names = sorted(r for r in roles or {} if r.startswith("actor/"))
         session = _session(roles or {})
@@ -249,35 +253,58 @@ class Monkey(threading.Thread):
         pid, before = int(roles[name]["pid"]), {int(v["pid"]) for k, v in roles.items() if k.startswith("actor/")}
         if not alive_in(pid, session):
             return False
-        logs = actor_logs(self.run_dir, int(name.split("/")[1]))
-        built = kv_lines(logs)
+        actor = int(name.split("/")[1])
+        logs = actor_logs(self.run_dir, actor)
+        built, joined = kv_lines(logs), self._joined(actor)
         if not self._signal(signal.SIGKILL, {"kind": "join", "role": "actor", "name": name, "pid": pid,
                                              "stall_s": self.plan.join_stall_s}, seen):
             return False
         index, until = len(self.faults) - 1, time.monotonic() + JOIN_HUNT_S
-        while time.monotonic() < until and not self.done.wait(0.05):
+        while time.monotonic() < until and not self.done.wait(0.02):
             if kv_lines(logs) <= built:
                 continue
             procs = read_procs()
             driver = find_driver(procs, self.run_dir)
             new = [a for a in (run_roles(procs, driver.pid)["actor"] if driver else []) if a not in before]
-            cores = [c for a in new for c in engine_cores(procs, a)]
-            if cores and self._hold(cores[0], new[0], index):
+            cores = [(c, a) for a in new for c in engine_cores(procs, a)]
+            if cores and self._hold(*cores[0], index, actor, joined):
                 return True
         self._write({"kind": "held", "of": index, "missed": True, "epoch": round(time.time(), 3)})
         log(f"[chaos] join fault missed: no successor engine of {name} came up to hold in the join")
         return True
 
-    def _hold(self, core, actor: int, index: int) -> bool:
+    def _hold(self, core, actor_pid: int, index: int, actor: int, joined: int) -> bool:
+        """SIGSTOP the successor's engine core `core` once its engine is built (its KV-cache line, already seen)
+        and its start's calls to it are answered: no CPU time for QUIET_S (actors.core.start asks the core for
+        its weight version right after the build, then returns; the core idles until the join). When the console
+        already says the successor joined (the rebuild won the race), the core is let go at once: "late"."""
+        ticks, quiet_since = None, time.monotonic()
+        while time.monotonic() - quiet_since < QUIET_S:
+            if (now := cpu_ticks(core.pid)) is None or self.done.is_set():
+                return False
+            if now != ticks:
+                ticks, quiet_since = now, time.monotonic()
+            time.sleep(0.01)
         try:
             os.kill(core.pid, signal.SIGSTOP)
         except ProcessLookupError:
             return False
-        self.stopped.append((time.monotonic() + self.plan.join_stall_s, core.pid, core.start, index))
-        self._write({"kind": "held", "of": index, "pid": core.pid, "actor_pid": actor, "epoch": round(time.time(), 3)})
-        log(f"[chaos] SIGSTOP: successor engine core pid {core.pid} (actor pid {actor}) held in the weight-sync "
-            f"join for {self.plan.join_stall_s:.0f} s")
+        late = self._joined(actor) > joined
+        self.stopped.append((time.monotonic() + (0 if late else self.plan.join_stall_s), core.pid, core.start, index))
+        self._write({"kind": "held", "of": index, "pid": core.pid, "actor_pid": actor_pid, "late": late,
+                     "epoch": round(time.time(), 3)})
+        log(f"[chaos] SIGSTOP: successor engine core pid {core.pid} (actor pid {actor_pid}) "
+            + ("too late: it had joined already; SIGCONT now" if late else
+               f"held in the weight-sync join for {self.plan.join_stall_s:.0f} s"))
+        if late:
+            self._cont()
         return True
+
+    def _joined(self, actor: int) -> int:
+        try:
+            return joined_lines(self.log_path.read_text(errors="replace"), actor)
+        except OSError:
+            return 0
 
     def _cont(self, everything: bool = False) -> None:
         """SIGCONT the stopped engine cores that are due (`everything`: all), if they still exist."""
@@ -326,20 +353,6 @@ class Monkey(threading.Thread):
 
     def _gap(self) -> float:
         return self.plan.every_s * self.rng.uniform(0.5, 1.5)
-
-
-def actor_logs(run_dir: Path, actor: int) -> list[Path]:
-    """The log files of actor `actor` in the run folder (its successors write there too)."""
-    return sorted((Path(run_dir) / "logs").glob(f"actor-{actor}.*"))
-
-
-def kv_lines(logs: list[Path]) -> int:
-    """How many engines of these logs were built so far (their KV-cache lines)."""
-    n = 0
-    for path in logs:
-        with contextlib.suppress(OSError):
-            n += path.read_text(errors="replace").count(KV_LINE)
-    return n
 
 
 def _session(roles: dict) -> int | None:

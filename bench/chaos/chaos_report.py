@@ -114,9 +114,11 @@ def _note(f: dict) -> str:
         held, cont = f.get("held"), f.get("cont")
         if held is None or held.get("missed"):
             return "missed: no successor engine came up to hold in the join"
+        if held.get("late"):
+            return f"too late: the successor had joined before its engine core pid {held['pid']} was stopped; let go"
         after = "no SIGCONT recorded" if cont is None else f"SIGCONT {cont['epoch'] - held['epoch']:.0f} s later"
         return (f"successor engine core pid {held['pid']} SIGSTOPped {held['epoch'] - f['epoch']:.0f} s after the "
-                f"kill, once its engine was built; {after}")
+                f"kill, once its start had ended; {after}")
     return ""
 
 

@@ -19,8 +19,8 @@ import pytest
 
 from bench.chaos.chaos import arguments, overrides
 from bench.chaos.chaos_env import HANG_SHARE, RAISE_SHARE, ChaosEnvError, FlakyStep, call_fate
-from bench.chaos.chaos_monkey import FaultPlan, Monkey, kv_lines
-from bench.chaos.chaos_procs import engine_cores, read_proc, read_procs
+from bench.chaos.chaos_monkey import FaultPlan, Monkey
+from bench.chaos.chaos_procs import cpu_ticks, engine_cores, joined_lines, kv_lines, read_proc, read_procs
 from bench.chaos.chaos_report import _note, env_counts, load_faults
 from envs.episode import EnvFault, call_with_timeout
 
@@ -92,7 +92,16 @@ DRIVER = "import time; time.sleep(60)"
 SUCCESSOR = "exec -a ray::ActorRole.__init__ bash -c '(exec -a VLLM::EngineCore sleep 60) & wait'"
 
 
-def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(tmp_path):
+def test_the_join_faults_readings():
+    console = "\n".join(["[actor] actor 1 (pid 5 on h; log l) died (x); its successor starts in the background",
+                         "[actor] actor 1 restarted as pid 6 and joined at version 3 in 20s (training went on meanwhile)",
+                         "[actor] actor 10 restarted as pid 8 and joined at version 4 in 20s"])
+    assert (joined_lines(console, 1), joined_lines(console, 10), joined_lines(console, 0)) == (1, 1, 0)
+    assert cpu_ticks(os.getpid()) >= 0 and cpu_ticks(2 ** 22 + 1) is None
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(tmp_path, late):
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
     log = run_dir / "logs" / "actor-0.log"
@@ -100,6 +109,7 @@ def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, "-m", "launch.commands.supervisor", "spec", str(run_dir)])
     victim = subprocess.Popen(["sleep", "60"])
     (run_dir / "processes.json").write_text(json.dumps({"driver": {"pid": os.getpid()}, "actor/0": {"pid": victim.pid}}))
+    (tmp_path / "run.log").write_text("12:00:00 step 4/40 | 9.0 samples/s\n")
     m = Monkey(run_dir, tmp_path / "run.log", FaultPlan(every_s=20, seed=3, kinds=frozenset({"join"}),
                                                         join_stall_s=30), tmp_path / "kills.jsonl")
     hunt = threading.Thread(target=lambda: setattr(m, "fired", m._join(seen=5)))
@@ -113,10 +123,18 @@ def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(
             time.sleep(0.05)
         time.sleep(0.3)
         assert hunt.is_alive() and read_proc(cores[0].pid).state != "T"  # its engine not built yet: not held
+        if late:  # the rebuild won the race: the successor joined before the bench saw its engine built
+            with open(tmp_path / "run.log", "a") as f:
+                f.write("[actor] actor 0 restarted as pid 9 and joined at version 3 in 20s\n")
         with open(log, "a") as f:
             f.write("[engine] KV cache: 9 tokens\n")
         assert kv_lines([log]) == 2
         hunt.join(timeout=10)
+        [fault] = load_faults(tmp_path / "kills.jsonl")
+        if late:
+            assert m.fired and fault["held"]["late"] and fault["cont"]["sent"]
+            assert read_proc(cores[0].pid).state != "T" and _note(fault).startswith("too late")
+            return
         assert m.fired and read_proc(cores[0].pid).state == "T"
         m._cont()
         assert read_proc(cores[0].pid).state == "T"  # not due for 30 s
