@@ -45,7 +45,7 @@ KINDS = PERIODIC + ONCE + CONFIG
 STARTUP_ROLES = ("actor", "buffer")
 STALL_S = 5.0  # seconds without a new step after which the run counts as not training (restarting, evaluating)
 JOIN_HUNT_S = 600.0  # a join fault gives up when the successor's engine is not up within this
-QUIET_S = 0.3  # a successor's engine core without CPU time for this long has answered its start-up calls
+QUIET_S = 1.0  # a successor's engine core without CPU time for this long has answered its start-up calls
 HUNT_POLL_S = 0.002  # how often the snapshot fault looks for its window (a snapshot of the tiny run takes ms)
 FINAL_POLL_S, NEAR_END = 0.05, 3  # with a drain fault, the log is read this often from NEAR_END steps before the end
 
