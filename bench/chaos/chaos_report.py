@@ -159,9 +159,7 @@ def analyse(run_dir: Path, console: str, faults: list[dict], rc: int | None, wal
            "restarts": {role: len(pids) for role, pids in said.items()}, "resumes_recorded": len(cfg.resumed),
            "unanswered_kills": [k for k in kills if k["pid"] not in said[k["role"]]], "batch_prompts":
            cfg.learner.batch_prompts, "actors": cfg.rollout.num_actors, "learner_ranks": cfg.learner.world_size}
-    # actor restarts no actor fault explains: live engines replaced (a stuck engine core's actor is, by design)
-    explained = sum(f["role"] == "actor" for f in faults if f["kind"] != "stuck") + rep["fault_kinds"]["stuck"]
-    rep["unexplained_actor_restarts"] = rep["restarts"]["actor"] - explained
+    rep["unexplained_actor_restarts"] = unexplained_actor_restarts(said["actor"], faults)
     rep["env"] = env_counts(run_dir / "metrics.jsonl") if cfg.env.enabled else None
     found = committed_steps(run_dir / "checkpoints")
     rep["steps_done"] = found[-1][0] if found else 0
@@ -181,6 +179,15 @@ def analyse(run_dir: Path, console: str, faults: list[dict], rc: int | None, wal
     return rep
 
 
+def unexplained_actor_restarts(dead: list[int], faults: list[dict]) -> list[int]:
+    """Pids of restarted actors (`dead`, from the console) that no fault hit: live engines replaced. Hit are an
+    actor SIGKILLed, the actor of a stuck engine core (replaced by design), and a join fault's held successor
+    (the one stalled in the join: blaming it is the point of the rebuild's deadline)."""
+    hit = {f.get("actor_pid", f["pid"]) for f in faults if f["role"] == "actor"}
+    hit |= {f["held"]["actor_pid"] for f in faults if "actor_pid" in f.get("held", {})}
+    return [pid for pid in dead if pid not in hit]
+
+
 def env_counts(metrics: Path) -> dict[str, int]:
     """env/errors and env/timeouts summed over the run's metrics rows (one per step trained; a resume removes the
     rows of the steps it trains again)."""
@@ -198,7 +205,7 @@ def goal_met(rep: dict) -> bool:
     return (rep["exit"] == 0 and rep["steps_done"] == rep["steps_asked"] and a is not None and rep["drained"]
             and not (a["lost"] or a["twice"] or a["trained_and_held"] or a["foreign"])
             and a["trained"] == rep["steps_done"] * rep["batch_prompts"]
-            and not (rep["fault_kinds"].get("join") and rep.get("unexplained_actor_restarts", 0) > 0))
+            and not (rep["fault_kinds"].get("join") and rep.get("unexplained_actor_restarts")))
 
 
 def table(rep: dict) -> str:
@@ -213,7 +220,8 @@ def table(rep: dict) -> str:
             ("learner resumes in config.yaml `resumed`", rep["resumes_recorded"]),
             ("kills no restart line names", len(rep["unanswered_kills"])),
             ("actor restarts no actor fault explains (live engines replaced)",
-             rep.get("unexplained_actor_restarts", "?"))]
+             ", ".join(f"pid {p}" for p in rep["unexplained_actor_restarts"]) or 0
+             if "unexplained_actor_restarts" in rep else "?")]
     if rep.get("env") is not None:
         rows.append(("env/errors / env/timeouts (summed over the steps)",
                      f"{rep['env']['env/errors']} / {rep['env']['env/timeouts']}"))

@@ -21,7 +21,7 @@ from bench.chaos.chaos import arguments, overrides
 from bench.chaos.chaos_env import HANG_SHARE, RAISE_SHARE, ChaosEnvError, FlakyStep, call_fate
 from bench.chaos.chaos_monkey import FaultPlan, Monkey
 from bench.chaos.chaos_procs import cpu_ticks, engine_cores, joined_lines, kv_lines, read_proc, read_procs
-from bench.chaos.chaos_report import _note, env_counts, load_faults
+from bench.chaos.chaos_report import _note, env_counts, load_faults, unexplained_actor_restarts
 from envs.episode import EnvFault, call_with_timeout
 
 
@@ -164,3 +164,12 @@ def test_a_join_fault_whose_successor_never_comes_up_is_recorded_as_missed(tmp_p
                       + json.dumps({"kind": "held", "of": 0, "missed": True, "epoch": 1.0}) + "\n")
     [fault] = load_faults(faults)
     assert _note(fault) == "missed: no successor engine came up to hold in the join"
+
+
+def test_live_engines_replaced_are_the_restarts_no_fault_hit():
+    faults = [{"kind": "join", "role": "actor", "pid": 10, "held": {"pid": 12, "actor_pid": 11}},
+              {"kind": "stuck", "role": "actor", "pid": 20, "actor_pid": 21},
+              {"kind": "kill", "role": "buffer", "pid": 30}]
+    # 10: SIGKILLed; 11: the held successor, blamed; 21: the stuck core's actor; 40: a live engine replaced
+    assert unexplained_actor_restarts([10, 11, 21, 40], faults) == [40]
+    assert unexplained_actor_restarts([10], faults) == []
