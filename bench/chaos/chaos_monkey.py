@@ -22,12 +22,12 @@ from bench.chaos.chaos_procs import (
     STAGED,
     actor_logs,
     alive_in,
-    cpu_ticks,
     engine_cores,
     final_phase,
     find_driver,
     joined_lines,
     kv_lines,
+    open_fds,
     read_proc,
     read_procs,
     run_roles,
@@ -45,7 +45,6 @@ KINDS = PERIODIC + ONCE + CONFIG
 STARTUP_ROLES = ("actor", "buffer")
 STALL_S = 5.0  # seconds without a new step after which the run counts as not training (restarting, evaluating)
 JOIN_HUNT_S = 600.0  # a join fault gives up when the successor's engine is not up within this
-QUIET_S = 1.0  # a successor's engine core without CPU time for this long has answered its start-up calls
 HUNT_POLL_S = 0.002  # how often the snapshot fault looks for its window (a snapshot of the tiny run takes ms)
 FINAL_POLL_S, NEAR_END = 0.05, 3  # with a drain fault, the log is read this often from NEAR_END steps before the end
 
@@ -274,17 +273,18 @@ class Monkey(threading.Thread):
         return True
 
     def _hold(self, core, actor_pid: int, index: int, actor: int, joined: int) -> bool:
-        """SIGSTOP the successor's engine core `core` once its engine is built (its KV-cache line, already seen)
-        and its start's calls to it are answered: no CPU time for QUIET_S (actors.core.start asks the core for
-        its weight version right after the build, then returns; the core idles until the join). When the console
-        already says the successor joined (the rebuild won the race), the core is let go at once: "late"."""
-        ticks, quiet_since = None, time.monotonic()
-        while time.monotonic() - quiet_since < QUIET_S:
-            if (now := cpu_ticks(core.pid)) is None or self.done.is_set():
+        """SIGSTOP the successor's engine core `core` as it enters the join: its engine is built (its KV-cache
+        line, already seen), and it opens a file descriptor, the first since then (the join connects to the
+        weight-sync group's store: weightsync.gloo.engine; the start's calls to the core, which come first,
+        open none). When the console already says the successor joined (the rebuild won the race), the core
+        is let go at once: "late"."""
+        base = open_fds(core.pid)
+        while True:
+            if (now := open_fds(core.pid)) is None or base is None or self.done.is_set():
                 return False
-            if now != ticks:
-                ticks, quiet_since = now, time.monotonic()
-            time.sleep(0.01)
+            if now > base:
+                break
+            time.sleep(HUNT_POLL_S)
         try:
             os.kill(core.pid, signal.SIGSTOP)
         except ProcessLookupError:

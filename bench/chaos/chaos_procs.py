@@ -150,12 +150,11 @@ def final_phase(run_dir: Path, steps: int) -> str | None:
     return "no checkpoint staged (draining the actors, or exporting)"
 
 
-def cpu_ticks(pid: int, root: Path = PROC) -> int | None:
-    """CPU time `pid` has used (user + system, clock ticks: /proc/PID/stat fields 14 and 15); None when gone."""
+def open_fds(pid: int, root: Path = PROC) -> int | None:
+    """How many file descriptors `pid` has open (/proc/PID/fd); None when gone."""
     try:
-        rest = (root / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        return int(rest[11]) + int(rest[12])
-    except (OSError, IndexError, ValueError):
+        return len(os.listdir(root / str(pid) / "fd"))
+    except OSError:
         return None
 
 

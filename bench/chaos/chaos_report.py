@@ -118,7 +118,7 @@ def _note(f: dict) -> str:
             return f"too late: the successor had joined before its engine core pid {held['pid']} was stopped; let go"
         after = "no SIGCONT recorded" if cont is None else f"SIGCONT {cont['epoch'] - held['epoch']:.0f} s later"
         return (f"successor engine core pid {held['pid']} SIGSTOPped {held['epoch'] - f['epoch']:.0f} s after the "
-                f"kill, once its start had ended; {after}")
+                f"kill, as it entered the join; {after}")
     return ""
 
 

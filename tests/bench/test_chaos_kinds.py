@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 from bench.chaos.chaos import arguments, overrides
 from bench.chaos.chaos_env import HANG_SHARE, RAISE_SHARE, ChaosEnvError, FlakyStep, call_fate
 from bench.chaos.chaos_monkey import FaultPlan, Monkey
-from bench.chaos.chaos_procs import cpu_ticks, engine_cores, joined_lines, kv_lines, read_proc, read_procs
+from bench.chaos.chaos_procs import engine_cores, joined_lines, kv_lines, open_fds, read_proc, read_procs
 from bench.chaos.chaos_report import _note, env_counts, load_faults, unexplained_actor_restarts
 from envs.episode import EnvFault, call_with_timeout
 
@@ -89,7 +90,9 @@ def test_the_env_counts_are_summed_over_the_metrics_rows(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- join
 DRIVER = "import time; time.sleep(60)"
-SUCCESSOR = "exec -a ray::ActorRole.__init__ bash -c '(exec -a VLLM::EngineCore sleep 60) & wait'"
+# the stand-in engine core opens a file descriptor (as the join's store connection does) once "join" exists
+CORE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.01)\nf = open(sys.argv[1])\ntime.sleep(60)"
+SUCCESSOR = "exec -a ray::ActorRole.__init__ bash -c '(exec -a VLLM::EngineCore {py} -c \"$0\" {join}) & wait' {core}"
 
 
 def test_the_join_faults_readings():
@@ -97,7 +100,10 @@ def test_the_join_faults_readings():
                          "[actor] actor 1 restarted as pid 6 and joined at version 3 in 20s (training went on meanwhile)",
                          "[actor] actor 10 restarted as pid 8 and joined at version 4 in 20s"])
     assert (joined_lines(console, 1), joined_lines(console, 10), joined_lines(console, 0)) == (1, 1, 0)
-    assert cpu_ticks(os.getpid()) >= 0 and cpu_ticks(2 ** 22 + 1) is None
+    with open(os.devnull):
+        assert open_fds(os.getpid()) > 0 and open_fds(2 ** 22 + 1) is None
+        n = open_fds(os.getpid())
+    assert open_fds(os.getpid()) == n - 1
 
 
 @pytest.mark.parametrize("late", [False, True])
@@ -117,7 +123,8 @@ def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(
     successor = None
     try:
         assert victim.wait(timeout=10) == -signal.SIGKILL
-        successor = subprocess.Popen(["bash", "-c", SUCCESSOR])
+        join = tmp_path / "join"
+        successor = subprocess.Popen(["bash", "-c", SUCCESSOR.format(py=sys.executable, join=join, core=shlex.quote(CORE))])
         deadline = time.monotonic() + 10
         while not (cores := engine_cores(read_procs(), successor.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -129,6 +136,9 @@ def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(
         with open(log, "a") as f:
             f.write("[engine] KV cache: 9 tokens\n")
         assert kv_lines([log]) == 2
+        time.sleep(0.3)
+        assert hunt.is_alive() and read_proc(cores[0].pid).state != "T"  # built, not joining yet: not held
+        join.write_text("")  # the core enters the join: it opens a descriptor
         hunt.join(timeout=10)
         [fault] = load_faults(tmp_path / "kills.jsonl")
         if late:
