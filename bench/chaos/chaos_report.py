@@ -189,14 +189,14 @@ def unexplained_actor_restarts(dead: list[int], faults: list[dict]) -> list[int]
 
 
 def env_counts(metrics: Path) -> dict[str, int]:
-    """env/errors and env/timeouts summed over the run's metrics rows (one per step trained; a resume removes the
-    rows of the steps it trains again)."""
-    out = {"env/errors": 0, "env/timeouts": 0}
+    """env/trajectories, env/errors and env/timeouts of the run's last metrics row that has them: counts summed
+    over the live actors since they started (docs/metrics.md), so a replaced actor's part is not in them."""
+    out = {"env/trajectories": 0, "env/errors": 0, "env/timeouts": 0}
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         with contextlib.suppress(ValueError):
             row = json.loads(line)
-            for key in out:
-                out[key] += int(row.get(key) or 0)
+            if row.get("env/trajectories") is not None:
+                out = {key: int(row.get(key) or 0) for key in out}
     return out
 
 
@@ -223,8 +223,10 @@ def table(rep: dict) -> str:
              ", ".join(f"pid {p}" for p in rep["unexplained_actor_restarts"]) or 0
              if "unexplained_actor_restarts" in rep else "?")]
     if rep.get("env") is not None:
-        rows.append(("env/errors / env/timeouts (summed over the steps)",
-                     f"{rep['env']['env/errors']} / {rep['env']['env/timeouts']}"))
+        e, n = rep["env"], max(rep["env"]["env/trajectories"], 1)
+        rows.append(("env/errors / env/timeouts of env/trajectories (the live actors', since they started)",
+                     f"{e['env/errors']} ({e['env/errors'] / n:.1%}) / {e['env/timeouts']} "
+                     f"({e['env/timeouts'] / n:.1%}) of {e['env/trajectories']}"))
     a = rep.get("audit")
     if a:
         want = rep["steps_done"] * rep["batch_prompts"]

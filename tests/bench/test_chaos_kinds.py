@@ -81,11 +81,13 @@ def test_an_answering_env_call_scores_the_first_turn_and_ends_at_the_second():
     assert asyncio.run(env.step("anything")) == ("", 1.0, True)
 
 
-def test_the_env_counts_are_summed_over_the_metrics_rows(tmp_path):
+def test_the_env_counts_are_the_last_rows_cumulative_counts(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("\n".join(json.dumps(r) for r in [{"step": 1, "env/errors": 2, "env/timeouts": 1},
-                                                         {"step": 2, "env/errors": 0}, {"step": 3}]) + "\n{\"step\"")
-    assert env_counts(metrics) == {"env/errors": 2, "env/timeouts": 1}  # a half-written last line is skipped
+    rows = [{"step": 1}, {"step": 2, "env/trajectories": 10, "env/errors": 2, "env/timeouts": 1},
+            {"step": 3, "env/trajectories": 30, "env/errors": 3, "env/timeouts": 1}, {"step": 4}]
+    metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\"")
+    # cumulative counts (docs/metrics.md): the last row that has them; a half-written last line is skipped
+    assert env_counts(metrics) == {"env/trajectories": 30, "env/errors": 3, "env/timeouts": 1}
 
 
 # ---------------------------------------------------------------------------------------------- join
