@@ -21,8 +21,8 @@ the faults `--faults` names (bench/chaos/chaos_monkey.py):
   - join (issue 42 item 5, review gpu_path_3 F1): at such a moment instead, SIGKILL a random actor, then
     SIGSTOP its successor's engine core for `--join-stall-s` seconds (longer than the 30 s progress deadline)
     as it enters the join (its engine built: the KV-cache line in logs/actor-<i>.log; then its first new
-    file descriptor, the connection to the group's store): the driver rebuilds the weight-sync group with it, and the live engines wait in the rendezvous with
-    their requests in flight; then SIGCONT (at once, recorded "too late", when the console says it joined
+    file descriptor, the connection to the group's store): the driver rebuilds the weight-sync group with
+    it, and the live engines wait in the rendezvous with their requests in flight; then SIGCONT (at once, recorded "too late", when the console says it joined
     already). The report counts actor restarts no actor fault explains: a live engine replaced;
   - startup: once, SIGKILL an actor or the buffer during start-up, 0-`--startup-within-s` seconds after its
     process appears, before the first step (a learner rank killed before the first checkpoint stops the run
