@@ -18,11 +18,20 @@ the faults `--faults` names (bench/chaos/chaos_monkey.py):
   - stuck: at such a moment instead, SIGSTOP a random actor's vLLM engine-core process (a child of the actor)
     for `--stuck-s` seconds (longer than a request's deadline), then SIGCONT it if it still exists; the next
     periodic fault waits until then;
+  - join (issue 42 item 5, review gpu_path_3 F1): at such a moment instead, SIGKILL a random actor, then
+    SIGSTOP its successor's engine core for `--join-stall-s` seconds (longer than the 30 s progress deadline)
+    as it enters the join (its engine built: the KV-cache line in logs/actor-<i>.log; then its first new
+    file descriptor, the connection to the group's store): the driver rebuilds the weight-sync group with
+    it, and the live engines wait in the rendezvous with their requests in flight; then SIGCONT (at once, recorded "too late", when the console says it joined
+    already). The report counts actor restarts no actor fault explains: a live engine replaced;
   - startup: once, SIGKILL an actor or the buffer during start-up, 0-`--startup-within-s` seconds after its
     process appears, before the first step (a learner rank killed before the first checkpoint stops the run
     for good, by design);
   - drain: once, SIGKILL a random role after the last step's progress line, while the run drains its actors
     (at once) or writes its final checkpoint (once it is staged; which of the two is drawn).
+  - env (issue 39 item 5): the run is multi-turn with `env.environment=bench/chaos/chaos_env.py:FlakyStep`,
+    whose step raises on ~10 % of calls and hangs past `env.call_timeout_s` (`--env-timeout-s`) on ~5 %
+    (deterministic by a hash of the call); the report sums env/errors and env/timeouts over metrics.jsonl.
 When the mix holds several periodic kinds, each periodic fault's kind is drawn; no periodic fault comes
 after the last step's progress line.
 
@@ -39,6 +48,7 @@ What it measures (the report, and a section appended to bench/RESULTS.md unless 
     python bench/chaos/chaos.py                                # the quick-start's 350 steps
     python bench/chaos/chaos.py --steps 60 --kill-every-s 30   # a short try-out
     python bench/chaos/chaos.py --faults kill,startup,drain,snapshot,stuck --learner-ranks 2   # every fault kind
+    python bench/chaos/chaos.py --faults join,env --steps 150 --kill-every-s 30   # F1's stalled join, a flaky env
     python bench/chaos/chaos.py --reuse --out-dir DIR          # report an earlier run again, starting nothing
 
 The goal (issue 23): the run completes, 0 lost, 0 trained twice.
@@ -63,6 +73,7 @@ from bench.common.runs import check_extras, load_average, log, run_algo_train  #
 
 RESERVED = {"learner.steps": "--steps", "max_restarts": "--max-restarts", "learner.save_every": "--save-every",
             "rollout.num_actors": "--actors", "learner.world_size": "--learner-ranks"}
+ENV_CLASS = Path(__file__).with_name("chaos_env.py")  # the env fault's environment (bench/chaos/chaos_env.py)
 RANK_CPUS = 0.5  # learner.cpus_per_rank with several ranks: 2 ranks beside 2 actors (0.5 core each) fit 2 cores
 
 
@@ -79,6 +90,9 @@ def parse_faults(text: str) -> list[str]:
 def overrides(args) -> list[str]:
     """The run's --set overrides: the bench's own, then --extra (which may override learner.cpus_per_rank)."""
     ranks = [f"learner.cpus_per_rank={RANK_CPUS}"] if args.learner_ranks > 1 else []
+    if "env" in args.faults:  # two policy turns, the environment's step between them (bench/chaos/chaos_env.py)
+        ranks += [f"env.environment={ENV_CLASS}:FlakyStep", "env.max_turns=2",
+                  f"env.call_timeout_s={args.env_timeout_s:g}"]
     return [f"learner.steps={args.steps}", f"max_restarts={args.max_restarts}", f"learner.save_every={args.save_every}",
             f"rollout.num_actors={args.actors}", f"learner.world_size={args.learner_ranks}", *ranks, *args.extra]
 
@@ -92,6 +106,10 @@ def arguments(argv=None):
     p.add_argument("--actors", type=int, default=2, help="rollout.num_actors (the runs in bench/RESULTS.md had 2)")
     p.add_argument("--learner-ranks", type=int, default=1, help="learner.world_size (2: rank 1 can be a victim too)")
     p.add_argument("--stuck-s", type=float, default=60.0, help="seconds a stuck engine core stays SIGSTOPped")
+    p.add_argument("--join-stall-s", type=float, default=45.0,
+                   help="join fault: seconds the successor's engine core is held in the weight-sync join")
+    p.add_argument("--env-timeout-s", type=float, default=5.0,
+                   help="env fault: env.call_timeout_s, past which a hanging environment call is cut")
     p.add_argument("--startup-within-s", type=float, default=30.0, help="start-up kill: 0..this after its victim appears")
     p.add_argument("--max-restarts", type=int, default=40, help="learner restarts the run may make")
     p.add_argument("--save-every", type=int, default=10, help="learner.save_every (steps between checkpoints)")
@@ -110,7 +128,8 @@ def arguments(argv=None):
     for flag, value in (("--actors", args.actors), ("--learner-ranks", args.learner_ranks), ("--steps", args.steps)):
         if value < 1:
             p.error(f"{flag} {value}: must be at least 1")
-    for flag, value in (("--kill-every-s", args.kill_every_s), ("--stuck-s", args.stuck_s)):
+    for flag, value in (("--kill-every-s", args.kill_every_s), ("--stuck-s", args.stuck_s),
+                        ("--join-stall-s", args.join_stall_s), ("--env-timeout-s", args.env_timeout_s)):
         if value <= 0:
             p.error(f"{flag} {value}: must be positive")
     args.out_dir = (args.out_dir or ROOT / "runs" / f"bench-chaos-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -128,7 +147,8 @@ def main() -> None:
     command = "python bench/chaos/chaos.py " + shlex.join(sys.argv[1:])
     if not args.reuse:
         out.mkdir(parents=True, exist_ok=True)
-        plan = FaultPlan(args.kill_every_s, args.seed, frozenset(args.faults), args.stuck_s, args.startup_within_s)
+        plan = FaultPlan(args.kill_every_s, args.seed, frozenset(args.faults), args.stuck_s, args.startup_within_s,
+                         args.join_stall_s)
         monkey = Monkey(run_dir, log_path, plan, faults_path)
         load_before, start = load_average(), time.time()
         monkey.start()

@@ -20,10 +20,14 @@ from pathlib import Path
 from bench.chaos.chaos_console import progress
 from bench.chaos.chaos_procs import (
     STAGED,
+    actor_logs,
     alive_in,
     engine_cores,
     final_phase,
     find_driver,
+    joined_lines,
+    kv_lines,
+    open_fds,
     read_proc,
     read_procs,
     run_roles,
@@ -32,13 +36,15 @@ from bench.chaos.chaos_procs import (
 from bench.common.runs import log
 
 ROLES = ("actor", "buffer", "learner")
-PERIODIC = ("kill", "snapshot", "stuck")  # every ~every_s seconds of training, one of these (drawn)
+PERIODIC = ("kill", "snapshot", "stuck", "join")  # every ~every_s seconds of training, one of these (drawn)
 ONCE = ("startup", "drain")  # at most once per run
-KINDS = PERIODIC + ONCE
+CONFIG = ("env",)  # a fault of the run's config, not injected by the monkey (bench/chaos/chaos_env.py)
+KINDS = PERIODIC + ONCE + CONFIG
 # a learner rank killed before the first checkpoint stops the run for good, by design ("start it over",
 # docs/running.md): a start-up fault therefore hits an actor or the buffer
 STARTUP_ROLES = ("actor", "buffer")
 STALL_S = 5.0  # seconds without a new step after which the run counts as not training (restarting, evaluating)
+JOIN_HUNT_S = 600.0  # a join fault gives up when the successor's engine is not up within this
 HUNT_POLL_S = 0.002  # how often the snapshot fault looks for its window (a snapshot of the tiny run takes ms)
 FINAL_POLL_S, NEAR_END = 0.05, 3  # with a drain fault, the log is read this often from NEAR_END steps before the end
 
@@ -50,6 +56,7 @@ class FaultPlan:
     kinds: frozenset[str] = frozenset({"kill"})
     stuck_s: float = 60.0  # how long a stuck engine core stays SIGSTOPped
     startup_within_s: float = 30.0  # a start-up kill comes 0..this after its victim's process appears
+    join_stall_s: float = 45.0  # how long a successor's engine core is held in the weight-sync join
 
 
 class Monkey(threading.Thread):
@@ -143,7 +150,7 @@ class Monkey(threading.Thread):
             if trained_s < gap or not self.periodic:
                 continue
             kind = self.periodic[0] if len(self.periodic) == 1 else self.kind_rng.choice(self.periodic)
-            if {"kill": self._kill, "snapshot": self._snapshot, "stuck": self._stick}[kind](seen):
+            if {"kill": self._kill, "snapshot": self._snapshot, "stuck": self._stick, "join": self._join}[kind](seen):
                 gap, trained_s, moved_at, last = self._gap(), 0.0, None, time.monotonic()
 
     def _drain(self) -> None:
@@ -229,6 +236,75 @@ class Monkey(threading.Thread):
             return False
         self.stopped.append((time.monotonic() + self.plan.stuck_s, core.pid, core.start, len(self.faults) - 1))
         return True
+
+    def _join(self, seen: int) -> bool:
+        """SIGKILL a random actor, then SIGSTOP its successor's engine core for `join_stall_s` once its start has
+        ended (`_hold`): the driver then rebuilds the weight-sync group with it, and the live engines wait in the
+        rendezvous (`init_weight_transfer_engine`) for the stopped one past the progress deadline, with their
+        requests in flight (review gpu_path_3 F1). The stop is a {"kind": "held", "of": index} line; `_cont`
+        sends the SIGCONT."""
+        roles = self._roles()
+        names = sorted(r for r in roles or {} if r.startswith("actor/"))
+        session = _session(roles or {})
+        if not names or session is None:
+            return False
+        name = self.rng.choice(names)
+        pid, before = int(roles[name]["pid"]), {int(v["pid"]) for k, v in roles.items() if k.startswith("actor/")}
+        if not alive_in(pid, session):
+            return False
+        actor = int(name.split("/")[1])
+        logs = actor_logs(self.run_dir, actor)
+        built, joined = kv_lines(logs), self._joined(actor)
+        if not self._signal(signal.SIGKILL, {"kind": "join", "role": "actor", "name": name, "pid": pid,
+                                             "stall_s": self.plan.join_stall_s}, seen):
+            return False
+        index, until = len(self.faults) - 1, time.monotonic() + JOIN_HUNT_S
+        while time.monotonic() < until and not self.done.wait(0.02):
+            if kv_lines(logs) <= built:
+                continue
+            procs = read_procs()
+            driver = find_driver(procs, self.run_dir)
+            new = [a for a in (run_roles(procs, driver.pid)["actor"] if driver else []) if a not in before]
+            cores = [(c, a) for a in new for c in engine_cores(procs, a)]
+            if cores and self._hold(*cores[0], index, actor, joined):
+                return True
+        self._write({"kind": "held", "of": index, "missed": True, "epoch": round(time.time(), 3)})
+        log(f"[chaos] join fault missed: no successor engine of {name} came up to hold in the join")
+        return True
+
+    def _hold(self, core, actor_pid: int, index: int, actor: int, joined: int) -> bool:
+        """SIGSTOP the successor's engine core `core` as it enters the join: its engine is built (its KV-cache
+        line, already seen), and it opens a file descriptor, the first since then (the join connects to the
+        weight-sync group's store: weightsync.gloo.engine; the start's calls to the core, which come first,
+        open none). When the console already says the successor joined (the rebuild won the race), the core
+        is let go at once: "late"."""
+        base = open_fds(core.pid)
+        while True:
+            if (now := open_fds(core.pid)) is None or base is None or self.done.is_set():
+                return False
+            if now > base:
+                break
+            time.sleep(HUNT_POLL_S)
+        try:
+            os.kill(core.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False
+        late = self._joined(actor) > joined
+        self.stopped.append((time.monotonic() + (0 if late else self.plan.join_stall_s), core.pid, core.start, index))
+        self._write({"kind": "held", "of": index, "pid": core.pid, "actor_pid": actor_pid, "late": late,
+                     "epoch": round(time.time(), 3)})
+        log(f"[chaos] SIGSTOP: successor engine core pid {core.pid} (actor pid {actor_pid}) "
+            + ("too late: it had joined already; SIGCONT now" if late else
+               f"held in the weight-sync join for {self.plan.join_stall_s:.0f} s"))
+        if late:
+            self._cont()
+        return True
+
+    def _joined(self, actor: int) -> int:
+        try:
+            return joined_lines(self.log_path.read_text(errors="replace"), actor)
+        except OSError:
+            return 0
 
     def _cont(self, everything: bool = False) -> None:
         """SIGCONT the stopped engine cores that are due (`everything`: all), if they still exist."""

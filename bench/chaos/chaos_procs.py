@@ -18,7 +18,9 @@ buffer snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ PROC = Path("/proc")
 TITLES = {"actor": "ray::ActorRole", "learner": "ray::LearnerRank"}  # Ray's worker titles (launch.processes)
 SNAPSHOT_FILE, SNAPSHOT_TEMP, LEARNER_PART = "buffer.msgpack", ".buffer-snapshot-", "learner_state.json"
 STAGED = "the final checkpoint staged"  # `final_phase`
+KV_LINE = "[engine] KV cache:"  # an actor's engine is built (actors.engine.kv_cache_line, in logs/actor-<i>.log)
 
 
 @dataclass(frozen=True)
@@ -145,3 +148,31 @@ def final_phase(run_dir: Path, steps: int) -> str | None:
     if (run_dir / "checkpoints" / f".step_{steps}.tmp").is_dir():
         return STAGED
     return "no checkpoint staged (draining the actors, or exporting)"
+
+
+def open_fds(pid: int, root: Path = PROC) -> int | None:
+    """How many file descriptors `pid` has open (/proc/PID/fd); None when gone."""
+    try:
+        return len(os.listdir(root / str(pid) / "fd"))
+    except OSError:
+        return None
+
+
+def actor_logs(run_dir: Path, actor: int) -> list[Path]:
+    """The log files of actor `actor` in the run folder (launch.processes.roles.to_log_file: its successors append
+    to its file)."""
+    return sorted((Path(run_dir) / "logs").glob(f"actor-{actor}.*"))
+
+
+def kv_lines(logs: list[Path]) -> int:
+    """How many engines these logs say were built so far (their KV-cache lines)."""
+    n = 0
+    for path in logs:
+        with contextlib.suppress(OSError):
+            n += path.read_text(errors="replace").count(KV_LINE)
+    return n
+
+
+def joined_lines(console: str, actor: int) -> int:
+    """How many times the run's console says a successor of actor `actor` joined (launch.state.recovery)."""
+    return len(re.findall(rf"^\[actor\] actor {actor} (?!\(pid).*?(?:restarted as pid|joined)", console, re.M))

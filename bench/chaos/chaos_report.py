@@ -13,6 +13,7 @@ the median of the gaps no fault's span touches, so the idle figure can be read a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -24,17 +25,19 @@ from bench.chaos.chaos_console import Restart, restart_events, restarts, step_ti
 from bench.chaos.chaos_monkey import ROLES
 
 WHAT = {"kill": "SIGKILL", "startup": "SIGKILL at start-up", "drain": "SIGKILL in the final drain/checkpoint",
-        "snapshot": "SIGKILL of the buffer mid-snapshot", "stuck": "SIGSTOP of an engine core"}
+        "snapshot": "SIGKILL of the buffer mid-snapshot", "stuck": "SIGSTOP of an engine core",
+        "join": "SIGKILL of an actor, its successor's engine core SIGSTOPped in the weight-sync join"}
 
 
 def load_faults(path: Path) -> list[dict]:
-    """The faults of a faults file (`chaos_monkey.Monkey`), each stuck one with its SIGCONT record as "cont";
-    lines of the bench before its fault kinds (no "kind") are SIGKILLs."""
+    """The faults of a faults file (`chaos_monkey.Monkey`), each stuck or join one with its SIGCONT record as
+    "cont", each join one with its successor's SIGSTOP as "held"; lines of the bench before its fault kinds (no
+    "kind") are SIGKILLs."""
     faults: list[dict] = []
     for line in path.read_text().splitlines() if path.exists() else []:
         rec = json.loads(line)
-        if rec.get("kind") == "cont":
-            faults[rec["of"]]["cont"] = rec
+        if rec.get("kind") in ("cont", "held"):
+            faults[rec["of"]][rec["kind"]] = rec
         else:
             faults.append({"kind": "kill"} | rec)
     return faults
@@ -107,6 +110,15 @@ def _note(f: dict) -> str:
         after = ("no SIGCONT recorded" if cont is None else
                  "SIGCONT sent then" if cont["sent"] else "gone before its SIGCONT")
         return f"stopped for {f['stuck_s']:.0f} s: {after}"
+    if f["kind"] == "join":
+        held, cont = f.get("held"), f.get("cont")
+        if held is None or held.get("missed"):
+            return "missed: no successor engine came up to hold in the join"
+        if held.get("late"):
+            return f"too late: the successor had joined before its engine core pid {held['pid']} was stopped; let go"
+        after = "no SIGCONT recorded" if cont is None else f"SIGCONT {cont['epoch'] - held['epoch']:.0f} s later"
+        return (f"successor engine core pid {held['pid']} SIGSTOPped {held['epoch'] - f['epoch']:.0f} s after the "
+                f"kill, as it entered the join; {after}")
     return ""
 
 
@@ -140,13 +152,15 @@ def analyse(run_dir: Path, console: str, faults: list[dict], rc: int | None, wal
 
     cfg = resolve_saved(run_dir / "config.yaml")
     said = restarts(console)
-    kills = [f for f in faults if f["kind"] != "stuck"]
+    kills = [f for f in faults if f["kind"] != "stuck"]  # a join fault's first part is an actor's SIGKILL
     rows, typical = fault_rows(faults, restart_events(console), step_times(console, start_epoch) if start_epoch else [])
     rep = {"exit": rc, "wall_s": wall_s, "steps_asked": cfg.learner.steps, "kills": Counter(k["role"] for k in kills),
            "fault_kinds": Counter(f["kind"] for f in faults), "faults": rows, "typical_gap_s": typical,
            "restarts": {role: len(pids) for role, pids in said.items()}, "resumes_recorded": len(cfg.resumed),
            "unanswered_kills": [k for k in kills if k["pid"] not in said[k["role"]]], "batch_prompts":
            cfg.learner.batch_prompts, "actors": cfg.rollout.num_actors, "learner_ranks": cfg.learner.world_size}
+    rep["unexplained_actor_restarts"] = unexplained_actor_restarts(said["actor"], faults)
+    rep["env"] = env_counts(run_dir / "metrics.jsonl") if cfg.env.enabled else None
     found = committed_steps(run_dir / "checkpoints")
     rep["steps_done"] = found[-1][0] if found else 0
     if not found:
@@ -165,11 +179,33 @@ def analyse(run_dir: Path, console: str, faults: list[dict], rc: int | None, wal
     return rep
 
 
+def unexplained_actor_restarts(dead: list[int], faults: list[dict]) -> list[int]:
+    """Pids of restarted actors (`dead`, from the console) that no fault hit: live engines replaced. Hit are an
+    actor SIGKILLed, the actor of a stuck engine core (replaced by design), and a join fault's held successor
+    (the one stalled in the join: blaming it is the point of the rebuild's deadline)."""
+    hit = {f.get("actor_pid", f["pid"]) for f in faults if f["role"] == "actor"}
+    hit |= {f["held"]["actor_pid"] for f in faults if "actor_pid" in f.get("held", {})}
+    return [pid for pid in dead if pid not in hit]
+
+
+def env_counts(metrics: Path) -> dict[str, int]:
+    """env/trajectories, env/errors and env/timeouts of the run's last metrics row that has them: counts summed
+    over the live actors since they started (docs/metrics.md), so a replaced actor's part is not in them."""
+    out = {"env/trajectories": 0, "env/errors": 0, "env/timeouts": 0}
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        with contextlib.suppress(ValueError):
+            row = json.loads(line)
+            if row.get("env/trajectories") is not None:
+                out = {key: int(row.get(key) or 0) for key in out}
+    return out
+
+
 def goal_met(rep: dict) -> bool:
     a = rep.get("audit")
     return (rep["exit"] == 0 and rep["steps_done"] == rep["steps_asked"] and a is not None and rep["drained"]
             and not (a["lost"] or a["twice"] or a["trained_and_held"] or a["foreign"])
-            and a["trained"] == rep["steps_done"] * rep["batch_prompts"])
+            and a["trained"] == rep["steps_done"] * rep["batch_prompts"]
+            and not (rep["fault_kinds"].get("join") and rep.get("unexplained_actor_restarts")))
 
 
 def table(rep: dict) -> str:
@@ -182,7 +218,15 @@ def table(rep: dict) -> str:
             ("SIGKILLs: actor / buffer / learner rank", per(str(rep["kills"].get(r, 0)) for r in ROLES)),
             ("restarts the run reported: actor / buffer / learner", per(str(rep["restarts"][r]) for r in ROLES)),
             ("learner resumes in config.yaml `resumed`", rep["resumes_recorded"]),
-            ("kills no restart line names", len(rep["unanswered_kills"]))]
+            ("kills no restart line names", len(rep["unanswered_kills"])),
+            ("actor restarts no actor fault explains (live engines replaced)",
+             ", ".join(f"pid {p}" for p in rep["unexplained_actor_restarts"]) or 0
+             if "unexplained_actor_restarts" in rep else "?")]
+    if rep.get("env") is not None:
+        e, n = rep["env"], max(rep["env"]["env/trajectories"], 1)
+        rows.append(("env/errors / env/timeouts of env/trajectories (the live actors', since they started)",
+                     f"{e['env/errors']} ({e['env/errors'] / n:.1%}) / {e['env/timeouts']} "
+                     f"({e['env/timeouts'] / n:.1%}) of {e['env/trajectories']}"))
     a = rep.get("audit")
     if a:
         want = rep["steps_done"] * rep["batch_prompts"]
@@ -195,7 +239,8 @@ def table(rep: dict) -> str:
                  ("**trained twice**", len(a["twice"])),
                  ("trained yet still held by the buffer", len(a["trained_and_held"])),
                  ("settled but in no shard's walk", len(a["foreign"]))]
-    rows.append(("goal: completes, 0 lost, 0 twice", "**met**" if goal_met(rep) else "**missed**"))
+    rows.append(("goal: completes, 0 lost, 0 twice" + (", no live engine replaced" if rep["fault_kinds"].get("join")
+                                                        else ""), "**met**" if goal_met(rep) else "**missed**"))
     return "\n".join(["| figure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 

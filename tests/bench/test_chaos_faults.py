@@ -300,7 +300,7 @@ def test_the_bench_passes_the_learner_ranks_and_refuses_what_it_sets_itself(tmp_
     assert "use --learner-ranks" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         arguments(["--faults", "kill,sigstop", "--out-dir", str(tmp_path / "o")])
-    assert "unknown kind sigstop; choose from kill,snapshot,stuck,startup,drain" in capsys.readouterr().err
+    assert "unknown kind sigstop; choose from kill,snapshot,stuck,join,startup,drain,env" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------- the table
