@@ -46,17 +46,9 @@ class ToolLoadError(ValueError):
 def load_object(spec: str, what: str):
     """The callable `spec` names (`file.py:name` or `module:name`, loaded as reward functions are:
     `tasks.worker.load_function`); `ToolLoadError` naming what is wrong."""
-    from tasks.worker import load_function
+    from tasks.worker import load_plugin
 
-    try:
-        return load_function(spec)
-    except ModuleNotFoundError as e:
-        raise ToolLoadError(f"{what} {spec!r}: {e} — install it or put its folder on PYTHONPATH, or name the file: "
-                            "path/to/file.py:NAME") from None
-    except (ValueError, FileNotFoundError, AttributeError, TypeError) as e:
-        raise ToolLoadError(f"{what} {spec!r}: {e}") from None
-    except Exception as e:  # the module itself raised while being imported
-        raise ToolLoadError(f"{what} {spec!r}: importing it raised {type(e).__name__}: {e}") from None
+    return load_plugin(spec, f"{what} {spec!r}", ToolLoadError, "path/to/file.py:NAME")
 
 
 def load_tool(spec: str) -> Callable:

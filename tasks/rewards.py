@@ -60,7 +60,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from tasks.boxed import last_boxed
-from tasks.worker import FunctionWorker, WorkerError, WorkerTimeout, load_function
+from tasks.worker import FunctionWorker, WorkerError, WorkerTimeout, load_function, load_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -172,15 +172,7 @@ def check_reward_fn(name: str, columns: Collection[str] | None = None) -> None:
     if name in BUILTINS:
         return
     where = f"reward.fn={name}"
-    try:
-        fn = load_function(name)
-    except ModuleNotFoundError as e:
-        raise RewardSpecError(f"{where}: {e} — install it or put its folder on PYTHONPATH, or name the file: "
-                              "reward.fn=path/to/file.py:function") from None
-    except (ValueError, FileNotFoundError, AttributeError, TypeError) as e:
-        raise RewardSpecError(f"{where}: {e}") from None
-    except Exception as e:  # the module itself raised while being imported
-        raise RewardSpecError(f"{where}: importing it raised {type(e).__name__}: {e}") from None
+    fn = load_plugin(name, where, RewardSpecError, "reward.fn=path/to/file.py:function")
     shape = shape_of(fn, where)
     if shape.batched and columns is not None:
         params = inspect.signature(fn).parameters.values()

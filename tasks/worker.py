@@ -134,6 +134,20 @@ class FunctionWorker:
         self._ready = False
 
 
+def load_plugin(name: str, where: str, error: type[Exception], example: str):
+    """`load_function(name)` for a user's plugin (a reward function, a tool, an environment class): every way it
+    can fail becomes `error` with one line starting with `where` and, for a module that is not found, the form
+    that names a file instead (`example`)."""
+    try:
+        return load_function(name)
+    except ModuleNotFoundError as e:
+        raise error(f"{where}: {e} — install it or put its folder on PYTHONPATH, or name the file: {example}") from None
+    except (ValueError, FileNotFoundError, AttributeError, TypeError) as e:
+        raise error(f"{where}: {e}") from None
+    except Exception as e:  # the module itself raised while being imported
+        raise error(f"{where}: importing it raised {type(e).__name__}: {e}") from None
+
+
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> bytes | None:
     """One line from the child; None if none arrives within `timeout_s`, b"" if its stdout closed (it died)."""
     deadline = time.monotonic() + timeout_s
