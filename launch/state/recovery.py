@@ -220,6 +220,7 @@ class Recovery:
         self.restart_actors(self._resync(version))
         joined = [i for i in up if i in self.graph.live]
         self.graph.start_rollouts(self.graph.live if growing else joined)
+        self.write_processes()  # before the lines below: whoever reads them finds processes.json already says so
         for i in joined:
             self.progress.message(f"[actor] actor {i} restarted as pid {self.graph.pids[i]} and joined at version "
                                   f"{version} in {time.monotonic() - self.dead_since.pop(i):.0f}s (training went "
@@ -230,7 +231,6 @@ class Recovery:
                                   f"{version} in {time.monotonic() - self.growth_since:.0f}s: the run has "
                                   f"{len(self.graph.actors)} actors, each on shard i::{self.graph.shards}")
             self.grown = {}
-        self.write_processes()
         return True
 
     def await_successors(self, every_s: float, until_live: bool = False) -> None:
