@@ -47,8 +47,6 @@ class EnvConfig(Section):
 
 # Algorithms refused with multi-turn rows, and why (docs/running.md "Tools and environments").
 UNSUPPORTED = {
-    "pure": "PURE's PRM scores the reasoning steps of one response (min-form over steps); scoring a policy turn as a "
-            "step is not implemented",
     "luffy": "LUFFY's demonstrations are single-turn teacher responses; teacher files with multi-turn traces and "
              "tool outputs are not read",
     "sft": "SFT trains on demonstrations only and runs no rollouts",
@@ -65,7 +63,7 @@ def env_problems(cfg):
                "calling them) or an environment class (which may call tools itself)")
     if cfg.algo in UNSUPPORTED:
         yield f"env: --algo {cfg.algo} does not train on multi-turn rows: {UNSUPPORTED[cfg.algo]} — use grpo, rloo, " \
-              "pacs or prime, or leave env.tools and env.environment unset"
+              "pacs, prime or pure, or leave env.tools and env.environment unset"
     if cfg.algo == "prime" and (cfg.prime.gamma < 1 or cfg.prime.outcome_gamma < 1):
         yield ("prime.gamma: a discount below 1 counts token positions, and a multi-turn row's environment tokens "
                "would count as steps — use prime.gamma=1 and prime.outcome_gamma=1 with env")

@@ -47,6 +47,29 @@ def step_spans(texts: Sequence[str], separator: str = SEPARATOR) -> list[tuple[i
     return spans
 
 
+def turn_spans(env: Sequence[bool]) -> list[tuple[int, int]]:
+    """Token spans [start, end) of the steps of one multi-turn response: one step per policy turn (`env:` runs).
+
+    `env[t]` is True on environment tokens (tool results, observations, the template's turn markers between
+    turns: `Sample.env_mask`). A policy turn is a maximal run of policy tokens; its step ends on the turn's last
+    token and starts right after the previous step's end, so a step holds the observation the turn answers
+    followed by the turn: the PRM reads each turn in the context of the tool output before it, and the score lands
+    on a policy token (environment tokens are outside the response mask, `algos.pure.maths.check_step_ends`).
+    Environment tokens after the last policy turn belong to no step; a response without policy tokens has none.
+    E.g. env [0 0 1 1 1 0 0] -> [(0, 2), (2, 7)]: turn 1 ends at token 1, turn 2 (after the observation 2..4) at 6.
+
+    Deviation from PURE's paper, which is single-turn: a turn, not a "\\n\\n"-separated paragraph, is the step,
+    so the min-form is taken over turns (a separator inside a turn does not split it).
+    """
+    spans: list[tuple[int, int]] = []
+    start, n = 0, len(env)
+    for t in range(n):
+        if not env[t] and (t + 1 == n or env[t + 1]):
+            spans.append((start, t + 1))
+            start = t + 1
+    return spans
+
+
 def split_steps(token_texts: Sequence[Sequence[str]], width: int | None = None,
                 separator: str = SEPARATOR) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ends of a batch from per-token decoded strings (`token_texts[i]` = row i's response tokens).

@@ -19,9 +19,10 @@ the final token, which always ends a step); `step_spans` are (start, end) charac
     end is the "\\n\\n" separator text rather than the step's last token (the final eos is not text,
     so the final step loses nothing; a response cut off mid-step keeps its last character).
 The provider decodes every response token by token, splits steps with `algos.pure.steps.step_spans`
-(a step ends where its text first ends with "\\n\\n", plus the final token), scores them, and writes
-extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere), and
-with `pure.vr_fraction` < 1 extras["vr_rows"] [B] bool (`algos.pure.maths.vr_prompt` of the prompt's ids).
+(a step ends where its text first ends with "\\n\\n", plus the final token; in a multi-turn run, `env:`, with
+`algos.pure.steps.turn_spans` instead: one step per policy turn, holding the observation before it), scores them,
+and writes extras["step_end_mask"] [B, T] bool and extras["step_scores"] [B, T] (p_k at step ends, 0 elsewhere),
+and with `pure.vr_fraction` < 1 extras["vr_rows"] [B] bool (`algos.pure.maths.vr_prompt` of the prompt's ids).
 Each rank scores only its own rows (`ProviderContext.local`, once per learner step, all of them in
 one `score_responses` call); the learner all-gathers the outputs. The PRM is sharded over the ranks
 with FSDP2 like the reference model when the learner shards (world > 1; `learner.fsdp.shard_frozen`: a
@@ -43,7 +44,7 @@ from typing import Protocol
 import torch
 
 from algos.pure.maths import vr_prompt
-from algos.pure.steps import SEPARATOR, scores_from_logits, step_spans
+from algos.pure.steps import SEPARATOR, scores_from_logits, step_spans, turn_spans
 from learner.prm.agreement import prm_agreement
 from learner.provider_base import ModelHost, Provider, ProviderContext
 
@@ -259,11 +260,13 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
     return out
 
 
-def response_steps(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int],
+def response_steps(tokenizer, prompt_ids: Sequence[int], response_ids: Sequence[int], env=None,
                    ) -> tuple[tuple[str, str, list[tuple[int, int]]], list[tuple[int, int]]]:
-    """((prompt text, response text, step character spans), step token spans) of one response."""
+    """((prompt text, response text, step character spans), step token spans) of one response; `env` (bool per
+    response token, multi-turn runs): one step per policy turn (`algos.pure.steps.turn_spans`) instead of
+    "\\n\\n"-separated steps."""
     texts = token_texts(tokenizer, response_ids)
-    spans = step_spans(texts)
+    spans = step_spans(texts) if env is None else turn_spans([bool(e) for e in env])
     offsets = [0]
     for t in texts:
         offsets.append(offsets[-1] + len(t))
@@ -321,6 +324,7 @@ class ProcessRewards(Provider):
         mesh = host.mesh if getattr(host, "fsdp", False) else None
         self.prm = make_prm(host.cfg, host.device, host.compute_dtype, mesh)
         self.vr_fraction, self.seed = host.cfg.pure.vr_fraction, host.cfg.seed
+        self.turns = host.cfg.env.enabled  # multi-turn rows: a policy turn is a step
         self._metrics: dict[str, float] = {}
 
     def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
@@ -328,7 +332,7 @@ class ProcessRewards(Provider):
         ends = torch.zeros(n, ctx.width, dtype=torch.bool)
         scores = torch.zeros(n, ctx.width, dtype=torch.float32)
         rows = [ctx.rows[g] for g in ctx.local]
-        steps = [response_steps(self.tokenizer, r.prompt, r.response) for r in rows]
+        steps = [response_steps(self.tokenizer, r.prompt, r.response, r.env if self.turns else None) for r in rows]
         items = [item for item, _ in steps]
         raw = raw_scores(self.prm, items)
         for i, ((_, spans), r) in enumerate(zip(steps, raw)):

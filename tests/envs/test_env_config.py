@@ -43,13 +43,18 @@ def test_off_by_default():
 
 
 @pytest.mark.parametrize("algo,section,why", [
-    ("pure", {}, "PURE's PRM"), ("luffy", {}, "teacher files with multi-turn traces"),
+    ("luffy", {}, "teacher files with multi-turn traces"),
     ("grpo", {"environment": "x.py:C"}, "choose one way in"),
     ("grpo", {"max_trajectory_tokens": 10_000}, "exceeds rollout.max_response_tokens"),
 ])
 def test_combinations_that_are_not_supported_are_refused(algo, section, why):
     with pytest.raises(ValueError, match=why):
         RunConfig(algo=algo, env={"tools": ["calculator"], **section}, data={"demos": "d.jsonl"})
+
+
+def test_pure_takes_multi_turn_rows():
+    # a policy turn is a PURE step (algos.pure.steps.turn_spans; tests/learner/test_env_tokens.py)
+    assert RunConfig(algo="pure", env={"tools": ["calculator"]}).env.enabled
 
 
 def test_prime_with_a_discount_is_refused():

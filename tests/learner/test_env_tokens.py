@@ -19,6 +19,7 @@ import torch
 import algos
 from algos.aggregation import LossNorm
 from algos.batch import LossContext
+from algos.pure.steps import turn_spans
 from buffer.records import ENV_VERSION, Group, Sample
 from learner.batching import global_step_batch, rows_from_groups, staleness_metrics
 from tests.algos.cfg import make_cfg
@@ -56,9 +57,10 @@ def spread(compact: torch.Tensor, two_turn: bool, fill: float = 9.0) -> torch.Te
     return out
 
 
-def loss_of(algo: str, two_turn: bool, loss_opts: dict | None = None):
-    """(total loss, advantages on policy tokens, grad of log π on every position) of one step on the rows."""
-    cfg = make_cfg("grpo" if algo == "rloo" else algo, loss_opts)  # rloo has no options section
+def loss_of(algo: str, two_turn: bool, loss_opts: dict | None = None, section: dict | None = None):
+    """(total loss, advantages on policy tokens, grad of log π on every position) of one step on the rows;
+    `loss_opts`: loss.* keys, `section`: the algorithm's own."""
+    cfg = make_cfg("grpo" if algo == "rloo" else algo, loss_opts, **(section or {}))  # rloo has no options section
     spec = algos.get(algo)
     rows = rows_from_groups(groups(two_turn))
     batch = global_step_batch(rows, torch.device("cpu"), step=0)
@@ -67,6 +69,12 @@ def loss_of(algo: str, two_turn: bool, loss_opts: dict | None = None):
     batch.behav_logprobs = spread(theta - 0.1, two_turn) * batch.response_mask
     batch.ref_logprobs = spread(theta + 0.2, two_turn)
     batch.extras["prime_q"] = spread(torch.tensor([[0.3, -0.2, 0.1, 0.4], [-0.1, 0.2, 0.05, 0.0]]), two_turn)
+    # PURE: a step per policy turn; row 0's turns end at compact tokens 1 and 3 (two-turn 1 and 6, turn_spans),
+    # row 1's one turn at 2; scores p = 0.4, -0.6 and 0.2 (9.0 off the step ends, which nothing may read)
+    ends = spread(torch.tensor([[0.0, 1, 0, 1], [0, 0, 1, 0]]), two_turn, fill=0.0).bool()
+    batch.extras["step_end_mask"] = ends
+    batch.extras["step_scores"] = torch.where(ends, spread(torch.tensor([[0, 0.4, 0, -0.6], [0, 0, 0.2, 0]]),
+                                                           two_turn), torch.tensor(9.0))
     adv = spec.advantage(batch, cfg)[0] if spec.advantage is not None else torch.zeros_like(batch.response_mask)
     logprobs = spread(theta, two_turn).requires_grad_(True)
     ctx = LossContext(logprobs=logprobs, entropy=spread(torch.full((2, 4), 0.7), two_turn) + logprobs * 0,
@@ -77,19 +85,29 @@ def loss_of(algo: str, two_turn: bool, loss_opts: dict | None = None):
     return total.detach(), adv[policy], logprobs.grad
 
 
-@pytest.mark.parametrize("algo,opts", [
-    ("grpo", None), ("grpo", {"kl_coef": 0.1, "entropy_coef": 0.01}), ("grpo", {"agg": "seq-mean-token-sum-norm"}),
-    ("rloo", None), ("pacs", None), ("prime", None),
+@pytest.mark.parametrize("algo,opts,section", [
+    ("grpo", None, None), ("grpo", {"kl_coef": 0.1, "entropy_coef": 0.01}, None),
+    ("grpo", {"agg": "seq-mean-token-sum-norm"}, None), ("rloo", None, None), ("pacs", None, None),
+    ("prime", None, None), ("pure", None, None), ("pure", None, {"credit": "strict"}),
 ])
-def test_two_turn_row_trains_like_its_policy_tokens_alone(algo, opts):
-    full, adv_full, grad_full = loss_of(algo, True, opts)
-    alone, adv_alone, grad_alone = loss_of(algo, False, opts)
+def test_two_turn_row_trains_like_its_policy_tokens_alone(algo, opts, section):
+    full, adv_full, grad_full = loss_of(algo, True, opts, section)
+    alone, adv_alone, grad_alone = loss_of(algo, False, opts, section)
     assert torch.isfinite(full) and float(full) != 0.0
     torch.testing.assert_close(full, alone, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(adv_full, adv_alone, rtol=1e-6, atol=1e-7)
     env = torch.tensor([ENV])
     assert (grad_full[0:1][env] == 0).all(), "an environment token received a gradient"
     torch.testing.assert_close(grad_full[0, [0, 1, 5, 6]], grad_alone[0], rtol=1e-6, atol=1e-8)
+
+
+def test_a_policy_turn_is_a_pure_step():
+    # turns end at tokens 1 and 6 of the two-turn row: the steps are [0, 2) and the observation 2..4 + turn [2, 7)
+    assert turn_spans(ENV) == [(0, 2), (2, 7)]
+    assert turn_spans([False] * 3) == [(0, 3)]  # single-turn: one step
+    assert turn_spans([False, True, True]) == [(0, 1)]  # environment tokens after the last turn: no step
+    assert turn_spans([True, False, True, False]) == [(0, 2), (2, 4)]
+    assert turn_spans([]) == [] and turn_spans([True]) == []
 
 
 def test_environment_tokens_leave_the_mask_and_the_staleness():

@@ -11,6 +11,7 @@ from learner.prm.pure import (
     HFTokenClassificationPRM,
     RuleStepChecker,
     make_prm,
+    response_steps,
     score_response,
     token_batches,
     token_texts,
@@ -45,6 +46,17 @@ def test_rule_checker_step_ends_and_scores(tokenizer, text, scores):
     n = len(text) + 1
     assert ends == ([11, 24, n - 1] if len(scores) == 3 else [11, n - 1])
     assert got == scores
+
+
+def test_a_multi_turn_response_has_one_step_per_policy_turn(tokenizer):
+    # policy "1+2\n\n=3" (7 tokens), tool result "<3>" (3 environment tokens), policy "ok" + eos (3 tokens):
+    # with env, the "\n\n" inside turn 1 splits nothing; step 2 holds the observation and turn 2
+    turn1, obs, turn2 = _ids(tokenizer, "1+2\n\n=3", eos=False), _ids(tokenizer, "<3>", eos=False), _ids(tokenizer, "ok")
+    env = [False] * len(turn1) + [True] * len(obs) + [False] * len(turn2)
+    (_, text, chars), spans = response_steps(tokenizer, [], turn1 + obs + turn2, env)
+    assert spans == [(0, 7), (7, 13)]
+    assert [text[a:b] for a, b in chars] == ["1+2\n\n=3", "<3>ok"]  # the eos decodes to ""
+    assert response_steps(tokenizer, [], turn1 + obs + turn2)[1] == [(0, 5), (5, 13)]  # single-turn reading
 
 
 def test_empty_steps_get_no_step_end_and_prose_shifts_nothing(tokenizer):
