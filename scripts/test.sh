@@ -5,7 +5,8 @@
 # whole `algo-train` runs, one at a time) beside every other folder (the two-host runs of tests/cluster
 # among them). A 2-core machine is otherwise idle much of the time a run waits on its processes. The
 # end-to-end part's output is shown when both are done; the exit status fails if either part fails.
-# Arguments (a file, -k, ...) run one plain pytest with them instead.
+# Arguments (a file, -k, ...) run one plain pytest with them instead. Both parts list their slowest tests
+# (--durations): the suite's budget is 20 minutes, and that list says where it goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
@@ -15,11 +16,11 @@ if [ "$#" -gt 0 ]; then
   exec "${PYTEST[@]}" "$@"
 fi
 runs_log=$(mktemp /tmp/impala-test-e2e.XXXXXX)
-"${PYTEST[@]}" tests/e2e > "$runs_log" 2>&1 &
+"${PYTEST[@]}" --durations=10 tests/e2e > "$runs_log" 2>&1 &
 runs=$!
 trap 'kill "$runs" 2>/dev/null || true' INT TERM
 set +e
-"${PYTEST[@]}" tests --ignore=tests/e2e
+"${PYTEST[@]}" --durations=25 tests --ignore=tests/e2e
 rest_rc=$?
 wait "$runs"
 runs_rc=$?
