@@ -132,6 +132,7 @@ class BufferCore:
             wg = attach_demo(wg, demo[0], demo[1], k)
             self.counts["demo_rows_used"] += k
             self.counts["demo_groups"] += 1
+        self._count_generated(wg)
         if is_stale(self.version, wg.oldest_version, self.max_staleness):
             self._drop(wg, "stale_on_arrival")
             self._remember(gid, False)
@@ -149,6 +150,14 @@ class BufferCore:
         self.counts["groups_in"] += 1
         self.counts["samples_in"] += wg.n
         return True, "ok", ""
+
+    def _count_generated(self, wg: WireGroup) -> None:
+        """Every generated row that arrives (demonstration rows excluded), before the staleness check and the
+        group filter: `generated_samples` and, of them, `generated_correct` (reward ≥ 1). PRIME's paper reports
+        training accuracy on these, all rollouts before its filter, against samples generated."""
+        rewards = [r for r, why in zip(wg.rewards(), wg.header["finish_reasons"]) if why != "demo"]
+        self.counts["generated_samples"] += len(rewards)
+        self.counts["generated_correct"] += int(sum(r >= 1.0 for r in rewards))
 
     def _filtered(self, wg: WireGroup) -> str:
         r = wg.rewards()
@@ -257,7 +266,8 @@ class BufferCore:
             "version": self.version, "served_at_version": self.served_at_version, "max_staleness": self.max_staleness, "batch_prompts": self.s.batch_prompts,
             "capacity_groups": self.s.capacity_groups, "occupancy_groups": len(self.queue),
             "occupancy_samples": sum(g.n for g in self.queue),
-            **{k: c[k] for k in ("groups_in", "groups_out", "samples_in", "samples_out", "dropped_stale",
+            **{k: c[k] for k in ("groups_in", "groups_out", "samples_in", "samples_out", "generated_samples",
+                                 "generated_correct", "dropped_stale",
                                  "dropped_samples", "duplicates", "pushes_without_credit", "demo_rows_used",
                                  "demo_groups", "undelivered_batches", "credit_units_denied")},
             "dropped": nested("dropped"), "filtered": nested("filtered"), "rejected": nested("rejected"),

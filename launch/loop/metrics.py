@@ -79,6 +79,8 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         "buffer/auth_refused_attempts": buffer.get("auth", {}).get("refused", 0),
         "buffer/occupancy_groups": buffer.get("occupancy_groups", 0),
         "buffer/filtered": sum(buffer.get("filtered", {}).values()),
+        "buffer/generated_samples": buffer.get("generated_samples", 0),
+        "buffer/generated_correct": buffer.get("generated_correct", 0),
         "actors/restarts": actor_restarts, "buffer/restarts": buffer_restarts,
         **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
         **engine_metrics(actor_reports), **repair_metrics(actor_reports), **tool_rows(groups, env_metrics(actor_reports)),

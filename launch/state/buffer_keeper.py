@@ -131,9 +131,11 @@ class BufferKeeper:
 
     def monotonic(self, stats: dict) -> dict:
         """`stats` of the live buffer with the counters the run writes carried over its restarts (module
-        docstring): dropped_stale, filtered/<reason>, auth refused / refused_peers."""
+        docstring): dropped_stale, generated_samples / generated_correct, filtered/<reason>, auth refused /
+        refused_peers."""
         out = {**stats, "filtered": dict(stats.get("filtered", {})), "auth": dict(stats.get("auth", {}))}
-        flat = {"dropped_stale": (out, "dropped_stale"), "auth/refused": (out["auth"], "refused"),
+        flat = {"dropped_stale": (out, "dropped_stale"), "generated_samples": (out, "generated_samples"),
+                "generated_correct": (out, "generated_correct"), "auth/refused": (out["auth"], "refused"),
                 "auth/refused_peers": (out["auth"], "refused_peers"),
                 **{f"filtered/{r}": (out["filtered"], r) for r in out["filtered"]}}
         self._seen = {k: int(d.get(key, 0)) for k, (d, key) in flat.items()}

@@ -203,3 +203,21 @@ def test_settings_from_the_typed_run_config():
         BufferSettings.from_config({"filter": "bogus"})
     with pytest.raises(ValueError, match="unknown keys"):
         BufferSettings.from_config({"buffer": {"max_stalenes": 1}})
+
+
+def test_generated_rows_are_counted_before_the_filter_and_the_staleness_check():
+    """PRIME's paper's metric: accuracy on every rollout before its filter. Four groups of 4 generated rows
+    arrive: [1 1 1 1] (filtered: all correct), [1 0 0 0] (kept), [0 0 0 0] at version 0 after the learner reached
+    3 (dropped stale on arrival; K = 1), and [1 1 0 0] with 2 demonstration rows of reward 1 attached (kept; the
+    demonstrations are not generated). Generated 16, correct 4 + 1 + 0 + 2 = 7; a duplicate counts nothing."""
+    c = core(filter="extreme", max_staleness=1)
+    c.add_demos([(3, np.arange(5, dtype=np.int32), 1.0)])
+    c.set_version(3)
+    pushes = [make_group("all", version=3, rewards=[1, 1, 1, 1]), make_group("one", version=3, rewards=[1, 0, 0, 0]),
+              make_group("old", version=0, rewards=[0, 0, 0, 0]),
+              make_group("demo", version=3, rewards=[1, 1, 0, 0], meta={"demo_rows": 2})]
+    assert [c.push("a", wire(g))[1] for g in pushes] == ["filtered_extreme", "ok", "stale", "ok"]
+    assert c.push("a", wire(pushes[1]))[1] == "duplicate"
+    s = c.stats()
+    assert (s["generated_samples"], s["generated_correct"]) == (16, 7)
+    assert s["samples_in"] == 4 + 6  # stored rows: the kept groups, demonstrations included

@@ -10,13 +10,15 @@ from launch.state.buffer_keeper import BufferKeeper
 
 
 def stats(stale: int, filtered: dict, refused: int, peers: int) -> dict:
-    return {"dropped_stale": stale, "filtered": filtered, "auth": {"curve": True, "refused": refused,
+    # generated_samples: 10 per stale drop in these made-up stats, so it must carry over restarts as they do
+    return {"dropped_stale": stale, "generated_samples": 10 * stale, "filtered": filtered, "auth": {"curve": True, "refused": refused,
                                                                   "refused_peers": peers}}
 
 
 def row(keeper: BufferKeeper, s: dict) -> dict:
     r = step_row([], StepTimes(0, 0, 0, since_last_s=1, wall_s=1), {}, keeper.monotonic(s), version=1,
                  actor_restarts=0, buffer_restarts=keeper.restarts, actor_reports=[])
+    assert r["buffer/generated_samples"] == 10 * r["buffer/dropped_stale"]
     return {k: r[k] for k in ("buffer/dropped_stale", "buffer/filtered", "buffer/auth_refused",
                               "buffer/auth_refused_attempts")}
 
@@ -24,7 +26,7 @@ def row(keeper: BufferKeeper, s: dict) -> dict:
 def test_counters_stay_monotonic_across_a_buffer_restart(tmp_path, monkeypatch):
     keeper = BufferKeeper(SimpleNamespace(buffer=SimpleNamespace(snapshot_every_s=60)), tmp_path)
     keeper.latest = (tmp_path / "snapshot.msgpack", 0.0)
-    snapshot_counts = {"dropped_stale": 17, "filtered/all_same": 5, "auth/refused_key": 3}
+    snapshot_counts = {"dropped_stale": 17, "generated_samples": 170, "filtered/all_same": 5, "auth/refused_key": 3}
 
     def start(restore=None):  # the new process restores the snapshot's counters
         keeper.proc = SimpleNamespace(restored={"version": 3, "groups": 0, "excluded": 0, "demos": 0,

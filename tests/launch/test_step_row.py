@@ -25,7 +25,8 @@ def test_a_step_row_by_hand():
               _group(_sample(1.0, "stop", 4), _sample(1.0, "demo", 6))]  # a demonstration row: no accuracy
     times = StepTimes(wait_s=0.5, train_s=2.0, sync_s=0.25, since_last_s=3.0, wall_s=10.0)
     sync = {"gbps": 2.5, "seconds": 0.8, "bytes": 1000, "changed_frac": 0.5}
-    buffer = {"dropped_stale": 3, "auth": {"refused": 9, "refused_peers": 1}, "occupancy_groups": 7, "filtered": {"all_0": 2, "all_1": 5}}
+    buffer = {"dropped_stale": 3, "auth": {"refused": 9, "refused_peers": 1}, "occupancy_groups": 7, "filtered": {"all_0": 2, "all_1": 5},
+              "generated_samples": 40, "generated_correct": 11}
     reports = [{"reward_errors": 2, "reward_timeouts": 1, "groups_no_version": 2, "sent_tokens": 300,
                 "mixed_version_tokens": 30, "seqs_in_flight": 60.0, "seq_capacity": 200},
                {"reward_errors": 3, "sent_tokens": 100, "seqs_in_flight": 20.0, "seq_capacity": None,
@@ -43,7 +44,8 @@ def test_a_step_row_by_hand():
         "weight_sync/gbps": 2.5, "weight_sync/refused": 0, "weight_sync/push_s": 0.8, "weight_sync/bytes": 1000,
         "weight_sync/changed_frac": 0.5,
         "buffer/dropped_stale": 3, "buffer/auth_refused": 1, "buffer/auth_refused_attempts": 9,
-        "buffer/occupancy_groups": 7, "buffer/filtered": 7, "actors/restarts": 1, "buffer/restarts": 2, "reward/errors": 5, "reward/timeouts": 1,
+        "buffer/occupancy_groups": 7, "buffer/filtered": 7, "buffer/generated_samples": 40,
+        "buffer/generated_correct": 11, "actors/restarts": 1, "buffer/restarts": 2, "reward/errors": 5, "reward/timeouts": 1,
         "actors/groups_no_version": 2,
         "actors/mixed_version_share": pytest.approx(0.075),  # 30 mixed of 300 + 100 acknowledged tokens
         "actors/seqs_in_flight": 40.0,  # (60 + 20) / 2 engines
