@@ -31,7 +31,9 @@ Studies (bench/evidence/evidence_studies.py holds the exact overrides):
     steps-prm-drift  no runs: the fixed learned PRM's and PRIME's online PRM's accuracy on the policy's own
                    rollouts over the steps-dense runs (pure/prm_pair_acc, pure/prm_step_acc, prime/dpo_acc);
     steps-luffy-beyond  GRPO against LUFFY on steps-hard (7-8 digits: the warm model's pass@8 is 0);
-    steps-pacs     GRPO against PACS, both at 4 optimiser steps per RL step.
+    steps-pacs     GRPO against PACS, both at 4 optimiser steps per RL step;
+    steps-prm-frozen  PRIME's implicit PRM online against the same PRM frozen after 10 steps (prime.prm_update),
+                   5 seeds: the drift on the paper's pairwise metric (its `registered` test).
              Each names `traces`: training metrics tabulated and drawn over the run (bench/evidence/evidence_traces.py).
   cost       no runs of its own: seconds per sample and seconds to the threshold of each algorithm, from
              the dense and pacs runs (same task, same budget, same machine).
@@ -189,6 +191,7 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
     return "\n".join([
         f"### {study.title} (`bench/evidence/evidence.py --study {study.name}`)", "",
         f"Paper: {study.claim}.", "",
+        *([study.registered, ""] if study.registered else []),
         f"Command: `{cmd}`. {study.steps} learner steps × 64 samples per arm and seed, seeds {seeds}, evaluation "
         f"(greedy, 200 held-out prompts) every {study.eval_every} steps. Overrides on every arm: "
         f"{', '.join(study.common) or 'none'}; per arm: "

@@ -36,6 +36,8 @@ class Study:
     traces: tuple[str, ...] = ()
     # no runs of its own: it reads these arms' runs of the study named here
     source: str | None = None
+    # the test and the verdict rule fixed before the first run, and the settings that differ from the paper
+    registered: str = ""
 
 
 WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
@@ -87,6 +89,24 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
                   "the policy's rollouts as the policy moves; the online implicit PRM starts lower and gains it",
             arms=STEPS_DENSE.arms[1:], baseline="pure-min", source=STEPS_DENSE.name,
             traces=("pure/prm_pair_acc", "prime/dpo_acc", "pure/prm_step_acc")),
+    Study("steps-prm-frozen", "PRIME's implicit PRM updated online against the same PRM frozen after 10 steps (testbed)",
+          "PRIME (Cui et al. 2025, §5.1 Figs. 5-6; §5.3): a PRM that is not updated loses accuracy on the policy's "
+          "rollouts as the policy moves, while the online implicit PRM keeps or gains it",
+          (Arm("prime-online", "prime"),
+           Arm("prime-frozen", "prime", ("prime.prm_update=frozen", "prime.prm_frozen_after=10"))),
+          steps=80, eval_every=10, baseline="prime-online", testbed="steps",
+          traces=("prime/dpo_acc", "prime/dpo_abs_acc", "prime/prm_ce_eval", "accuracy/train"),
+          registered="Registered 2026-11-28 before any run (issue 43). Test: per seed, the change of `prime/dpo_acc` "
+                     "(the paper's pairwise metric, on the step's own rollouts, before the PRM's update) from the "
+                     "first window (steps 1-10, where both arms are the same online PRM) to the last (steps 71-80); "
+                     "Δ = change(online) − change(frozen), paired over 5 seeds, two-sided t with df = 4 "
+                     "(bench.common.stats). Verdict words by bench.common.stats.verdict: reproduced if Δ > 0 with "
+                     "p < 0.05; direction only if Δ > 0 with p ≥ 0.05; not reproduced if p ≥ 0.05 and the "
+                     "detectable effect (3.72 × SE at 5 seeds) is below 0.05; inconclusive otherwise. Differs from the "
+                     "paper: the same kind of PRM in both arms, as the audit asks (the paper's offline PRM was "
+                     "Qwen-PRM-style, trained beforehand; here 10 online steps stand for its training); a 4-layer "
+                     "model on 4-5 digit arithmetic, 80 steps × 64 samples, not 7B on competition math; the metric "
+                     "is read on groups the accuracy window kept (every group has both outcomes)."),
     Study("steps-luffy-beyond", "LUFFY against GRPO on the testbed's level beyond the warm model (7-8 digits)",
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance lets the model learn where its own rollouts "
           "never succeed; on-policy RL's training reward stays at zero there",
