@@ -27,7 +27,8 @@ records both paths, so `--resume` needs no testbed). Measured build times and fi
 
 The tools testbed (`--testbed tools`, configs/testbeds/tools.yaml, `launch.prep.testbed_tools`): steps-hard
 problems with the built-in calculator offered (`env.tools`), and a warm model of the same shape whose warm-up
-saw a share of tool-using demonstrations; no PRM (PURE, like LUFFY and SFT, is refused with `env:`).
+saw a share of tool-using demonstrations; no PRM (PURE needs the user's `pure.prm`; LUFFY and SFT are refused with
+`env:`).
 """
 
 from __future__ import annotations
@@ -167,7 +168,13 @@ def _testbed_run(name: str, algo: str | None, config_file: str | None, flags: di
             raise ConfigError(f"{flag}: --testbed {name} trains its own warm model on its own task — drop {flag} "
                               "(or drop --testbed)")
     cfg = resolve(algo, str(yaml_of_testbed(name)), flags, overrides)  # what the user gave, validated
-    return cfg, cfg.algo == "pure" and not {"pure.prm", "pure.prm_path"} & given
+    prm = cfg.algo == "pure" and not {"pure.prm", "pure.prm_path"} & given
+    if prm and name == "tools":
+        raise ConfigError("--algo pure --testbed tools: the tools testbed trains no PRM (a PURE step there is a policy "
+                          "turn, and the steps testbed's PRM scores column steps) — name yours with --set "
+                          "pure.prm=FILE.py:FUNCTION (or pure.prm=hf --set pure.prm_path=DIR), or use grpo, rloo, "
+                          "pacs or prime")
+    return cfg, prm
 
 
 def command_for_testbed(name: str, algo: str | None, config_file: str | None, flags: dict,

@@ -40,10 +40,19 @@ def test_the_testbed_resolves_to_hard_problems_with_the_calculator(tmp_path):
         assert resolve(algo, config, overrides=sets).env.tools == ["calculator"]
 
 
-@pytest.mark.parametrize("algo", ["pure", "luffy", "sft"])
+@pytest.mark.parametrize("algo", ["luffy", "sft"])
 def test_algorithms_without_multi_turn_rows_are_refused_naming_why(algo):
     with pytest.raises(ConfigError, match=f"--algo {algo} does not train on multi-turn rows"):
         command_for_testbed("tools", algo, None, {}, [])
+
+
+def test_pure_takes_the_testbed_with_a_prm_of_the_users_only(tmp_path):
+    with pytest.raises(ConfigError, match="the tools testbed trains no PRM .* pure.prm=FILE.py:FUNCTION"):
+        command_for_testbed("tools", "pure", None, {}, [])
+    prm = "bench/evidence/prm_rules.py:biased_steps"
+    config, sets = command_for_testbed("tools", "pure", None, {}, [f"model.cache_dir={tmp_path}", f"pure.prm={prm}"])
+    cfg = resolve("pure", config, overrides=sets)
+    assert cfg.env.tools == ["calculator"] and cfg.pure.prm.endswith(prm)  # the file's path made absolute
 
 
 def test_the_testbed_refuses_a_model_or_a_config_file():
