@@ -89,6 +89,8 @@ from bench.common.runs import (  # noqa: E402
 from bench.common.stats import mean_se, paired_accuracy_delta  # noqa: E402
 from bench.evidence.evidence_studies import (  # noqa: E402
     COST_FROM,
+    DIFFERS,
+    PRECONDITION,
     STUDIES,
     Study,
     config_file,
@@ -192,6 +194,9 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         f"### {study.title} (`bench/evidence/evidence.py --study {study.name}`)", "",
         f"Paper: {study.claim}.", "",
         *([study.registered, ""] if study.registered else []),
+        *([f"Differs from the paper: {DIFFERS[study.name]}.", ""] if study.name in DIFFERS else []),
+        *([f"Precondition (checked before the runs): {PRECONDITION[study.name]}.", ""]
+          if study.name in PRECONDITION else []),
         f"Command: `{cmd}`. {study.steps} learner steps × 64 samples per arm and seed, seeds {seeds}, evaluation "
         f"(greedy, 200 held-out prompts) every {study.eval_every} steps. Overrides on every arm: "
         f"{', '.join(study.common) or 'none'}; per arm: "

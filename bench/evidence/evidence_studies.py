@@ -163,3 +163,77 @@ def warm_model(study: Study, seed: int) -> list[str]:
 
     cfg = resolve("grpo", overrides=[*study.warm_start, f"seed={seed}"])
     return [f"model.path={prepare_model(cfg, log=log).resolve()}"]
+
+
+# ---- issue 43: the papers' comparisons, pre-registered (settings fixed before any run; not changed after a
+# result). Five seeds each (`--seeds 0 1 2 3 4`). Every study below names its precondition; `differs` says
+# which settings differ from its paper and why. A precondition that fails its pre-check means the study is
+# not run as registered (a new registration, committed before its runs, replaces it).
+SPARSE = ("data.arithmetic.level=null", "data.arithmetic.min_digits=6", "data.arithmetic.max_digits=6")
+FILTERED = ("buffer.filter=accuracy_window", "buffer.acc_lo=0.2", "buffer.acc_hi=0.8")
+BIASED_PRM = "pure.prm=bench/evidence/prm_rules.py:biased_steps"
+PRM_ONLY = ("pure.c_vr=0.0", "learner.lr=5e-5")  # the PURE paper halves the lr of its PRM-only runs
+MIXED = ("pure.c_vr=1.0", "pure.vr_fraction=0.1")
+SUM = ("pure.credit=gamma", "pure.gamma=1.0")
+CONSTANT_LR = ("learner.lr_schedule=constant", "learner.warmup_steps=0")
+
+DIFFERS: dict[str, str] = {
+    "steps-credit": "tiny 4-layer model on 6-digit +/− (the paper: Qwen2.5-Math-7B on competition maths), so "
+                    "the sparse regime (train accuracy 0.10-0.15 at the start, the paper's) comes from one column "
+                    "past the warm model; 200 steps × 64 samples (the paper: ~600 steps × 256); PRIME's PRM lr at "
+                    "the tiny model's scale, two values (2e-4 = the shipped 2× policy lr; 5e-5 = ½× policy lr) "
+                    "since no single value transfers; PURE with the exact rule PRM (the paper: a learned PRM) as "
+                    "the dense-credit arm with a PRM that cannot be wrong",
+    "steps-hacking-pure": "a biased rule PRM (bench/evidence/prm_rules.py) stands for the paper's learned PRM: "
+                          "controlled bias (no-claim steps +0.3, a boxless last step −0.5), deterministic, so the "
+                          "paper's several PRM seeds become one PRM; 80 steps (the paper: collapse within ~100)",
+    "steps-luffy-beyond5": "6-digit +/− (one column past the warm model's 4-5) for a pass@8 of 0-0.05 (the "
+                           "paper: hard maths for a weak model); teacher rows from the task's references",
+    "steps-pacs5": "tiny model, lr 2.5e-5 at 4 optimiser steps per RL step in both arms (lower than the shipped "
+                   "1e-4, where both arms dipped); 6-digit level so the warm model's pass@64 < 0.9",
+}
+PRECONDITION: dict[str, str] = {
+    "steps-credit": "RLOO-arm train accuracy 0.10-0.15 at step 0 on the sparse level (pre-check: warm model's "
+                    "sampled accuracy at rollout.n = 4 on 64 train prompts)",
+    "steps-hacking-pure": "the biased PRM orders a group's right and wrong answers better than chance and scores a "
+                          "bare fragment below a correct step (bench/evidence/prm_precheck.py)",
+    "steps-luffy-beyond5": "warm model's held-out pass@8 in (0, 0.05]",
+    "steps-pacs5": "warm model's pass@64 < 0.9 on the level; GRPO's answer-token entropy falls over the run",
+}
+
+ISSUE43 = (
+    Study("steps-credit", "Dense credit in the sparse regime: PRIME (two PRM lrs) and PURE (exact rule PRM) "
+          "against the paper's RLOO (n = 4, accuracy filter)",
+          "PRIME (Cui et al. 2025, §4.4 Fig. 4): outcome-only RLOO's final training accuracy (on all generated "
+          "rollouts, before the filter) in 40% of the steps, 2.5x the sample efficiency",
+          (Arm("rloo", "rloo", ("rollout.n=4", "learner.batch_prompts=16", *FILTERED)),
+           Arm("prime-prm2e-4", "prime", ("prime.prm_lr=2e-4",)),
+           Arm("prime-prm5e-5", "prime", ("prime.prm_lr=5e-5",)),
+           Arm("pure-rule", "pure", ("pure.prm=rule", *FILTERED))),
+          steps=200, eval_every=10, baseline="rloo", common=SPARSE, testbed="steps",
+          traces=("accuracy/train_generated", "samples/generated", "accuracy/train", "prime/dpo_acc")),
+    Study("steps-hacking-pure", "PURE hacking: {sum, min} × {PRM only, PRM + VR on 10% of prompts} and a verifier-"
+          "only control, with a biased rule PRM",
+          "PURE (Cheng et al. 2025, §4.3 Fig. 2): PRM-only sum-form collapses early (PRM reward up, accuracy "
+          "down, few real steps); min-form lasts longer; VR on 10% of prompts holds both off",
+          (Arm("vr-only", "pure", ("pure.c_pr=0.0", "pure.c_vr=1.0")),
+           Arm("min-prm", "pure", PRM_ONLY), Arm("sum-prm", "pure", (*SUM, *PRM_ONLY)),
+           Arm("min-mix", "pure", MIXED), Arm("sum-mix", "pure", (*SUM, *MIXED))),
+          steps=80, eval_every=5, baseline="min-prm", testbed="steps",
+          common=(BIASED_PRM, "pure.kl_coef=1e-3", "pure.whiten=batch"),
+          traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
+                  "pure/num_steps", "pure/prm_step_acc")),
+    Study("steps-luffy-beyond5", "LUFFY against GRPO one column past the warm model, constant lr, 250 steps",
+          "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance learns where on-policy rollouts almost never "
+          "succeed; on-policy GRPO's train reward stays near zero",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=250, eval_every=10, baseline="grpo",
+          common=(*SPARSE, *CONSTANT_LR, "loss.entropy_coef=0.001"), threshold=0.05, testbed="steps",
+          traces=("accuracy/train", "luffy/reward_onpolicy", "entropy")),
+    Study("steps-pacs5", "PACS against GRPO at lr 2.5e-5, 4 optimiser steps each, 250 steps",
+          "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples, most at large-k pass@k, and "
+          "keeps entropy where GRPO's collapses",
+          (Arm("grpo", "grpo", ("learner.mini_batches=4",)), Arm("pacs", "pacs")), steps=250, eval_every=10,
+          baseline="grpo", testbed="steps", common=(*SPARSE, "learner.lr=2.5e-5"),
+          traces=("accuracy/train", "entropy", "response/length_mean")),
+)
+STUDIES.update({s.name: s for s in ISSUE43})
