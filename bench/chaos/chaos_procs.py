@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,20 @@ def read_proc(pid: int, root: Path = PROC) -> Proc | None:
                     " ".join(a for a in raw.decode(errors="replace").split("\0") if a).strip())
     except (IndexError, ValueError):
         return None
+
+
+def state_becomes(pid: int, want: str, within_s: float = 5.0) -> bool:
+    """Whether process `pid`'s state becomes `want` ("T", or "not T") within `within_s` seconds: a SIGSTOP or
+    SIGCONT takes effect when the kernel next schedules the process, which on a loaded machine is not at once."""
+    deadline = time.monotonic() + within_s
+    while True:
+        p = read_proc(pid)
+        state = p.state if p is not None else ""
+        if (state != "T") if want == "not T" else state == want:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
 
 
 def read_procs(root: Path = PROC) -> dict[int, Proc]:

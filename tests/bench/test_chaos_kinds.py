@@ -21,7 +21,15 @@ import pytest
 from bench.chaos.chaos import arguments, overrides
 from bench.chaos.chaos_env import HANG_SHARE, RAISE_SHARE, ChaosEnvError, FlakyStep, call_fate
 from bench.chaos.chaos_monkey import FaultPlan, Monkey
-from bench.chaos.chaos_procs import engine_cores, joined_lines, kv_lines, open_fds, read_proc, read_procs
+from bench.chaos.chaos_procs import (
+    engine_cores,
+    joined_lines,
+    kv_lines,
+    open_fds,
+    read_proc,
+    read_procs,
+    state_becomes,
+)
 from bench.chaos.chaos_report import _note, env_counts, load_faults, unexplained_actor_restarts
 from envs.episode import EnvFault, call_with_timeout
 
@@ -108,20 +116,6 @@ def test_the_join_faults_readings():
     assert open_fds(os.getpid()) == n - 1
 
 
-def _state_becomes(pid: int, want: str, within_s: float = 5.0) -> bool:
-    """Whether the process's state becomes `want` ("T", or "not T") within `within_s`: a signal takes effect
-    when the kernel next schedules the process, which under load is not at once (a loaded run read "R" right
-    after the SIGSTOP)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        state = read_proc(pid).state
-        if (state != "T") if want == "not T" else state == want:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("late", [False, True])
 def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(tmp_path, late):
     run_dir = tmp_path / "run"
@@ -159,13 +153,13 @@ def test_a_join_fault_kills_an_actor_and_holds_its_successors_engine_once_built(
         [fault] = load_faults(tmp_path / "kills.jsonl")
         if late:
             assert m.fired and fault["held"]["late"] and fault["cont"]["sent"]
-            assert _state_becomes(cores[0].pid, "not T") and _note(fault).startswith("too late")
+            assert state_becomes(cores[0].pid, "not T") and _note(fault).startswith("too late")
             return
-        assert m.fired and _state_becomes(cores[0].pid, "T")
+        assert m.fired and state_becomes(cores[0].pid, "T")
         m._cont()
         assert read_proc(cores[0].pid).state == "T"  # not due for 30 s
         m._cont(everything=True)
-        assert _state_becomes(cores[0].pid, "not T")
+        assert state_becomes(cores[0].pid, "not T")
         [fault] = load_faults(tmp_path / "kills.jsonl")
         assert (fault["kind"], fault["role"], fault["name"], fault["pid"], fault["stall_s"]) == (
             "join", "actor", "actor/0", victim.pid, 30)
