@@ -36,13 +36,16 @@ import logging
 import os
 import random
 import sys
+import tempfile
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 
 import algos
+from actors.adapters import AdapterPins, adapter_config
 from actors.engine import EngineSpec, build_engine, shutdown_engine
 from actors.generate import GroupDropped, GroupSampler, SamplingSettings
 from actors.link import Backoff, BufferDown, BufferLink, ClientFactory, Outbox
@@ -87,7 +90,7 @@ class AsyncActor(WeightUpdates):
         self._nonce = uuid.uuid4().hex[:8]  # group ids stay unique across restarts of this actor
         self._counter = 0
         self._reward_fn = reward_fn
-        self.engine = self.sampler = self.outbox = self.receiver = None
+        self.engine = self.sampler = self.outbox = self.receiver = self.adapters = None
         self._owns_engine = False
         self._credits = 0
         self._delivered: deque[tuple[float, tuple[int, int]]] = deque(maxlen=DELIVERED_KEPT)
@@ -121,13 +124,16 @@ class AsyncActor(WeightUpdates):
             self.version = int(label)
         else:
             await self.engine.update_weight_version(str(self.version))
+        if self.cfg.model.lora.adapter_sync:  # pushes are adapters, pinned per request (actors.adapters)
+            self.adapters = AdapterPins(self.engine, Path(tempfile.mkdtemp(prefix=f"{self.name}-lora-")),
+                                        adapter_config(self.cfg.model.lora, self.spec.model_dir))
         r = self.cfg.rollout
         self.sampler = GroupSampler(
             self.engine, tokenizer,
             SamplingSettings.from_config(r),
             name=self.name, reward_fn=self._reward_fn or scorer_for(self.cfg), seed=self.cfg.seed * 1000 + self.actor_id,
-            salt_version=None if self.clears_cache else lambda: self.version,  # kept KV: salted prefixes
-            deadlines=r.deadlines, multiturn=multiturn_builder(self.cfg, tokenizer))
+            salt_version=None if self.clears_cache and self.adapters is None else lambda: self.version,
+            deadlines=r.deadlines, multiturn=multiturn_builder(self.cfg, tokenizer), adapters=self.adapters)
         self.outbox = Outbox(self.link, on_sent=self._on_sent)
         self._push_task = asyncio.create_task(self.outbox.run(), name=f"{self.name}-outbox")
         self.load = sized(self.cfg, self.engine, gpu=not self.spec.cpu, actors=self.num_actors)
@@ -164,6 +170,8 @@ class AsyncActor(WeightUpdates):
             self.sampler.close()
         if self._owns_engine:
             shutdown_engine(self.engine)
+        if self.adapters is not None:
+            self.adapters.close()
         self.engine = None
         self.link.close()
         self.credit_link.close()

@@ -72,6 +72,8 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None  # tokens per engine step; None = vLLM's default (GPUs), see cpu
     enable_prefix_caching: bool | None = None  # None = vLLM's default
     trust_remote_code: bool = False  # model.trust_remote_code: run the model directory's own Python code
+    lora_rank: int = 0  # > 0: serve LoRA adapters up to this rank (vLLM's max_lora_rank; model.lora.sync: adapter)
+    max_loras: int = 1  # adapters one engine step may mix: every version a request in flight may be pinned to
     extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
 
     @classmethod
@@ -113,6 +115,8 @@ class EngineSpec:
             enable_prefix_caching=e.enable_prefix_caching,
             trust_remote_code=cfg.model.trust_remote_code,
         )
+        if cfg.model.lora.adapter_sync:
+            spec.lora_rank, spec.max_loras = cfg.model.lora.engine_max_rank(), adapter_slots(cfg)
         for k, v in overrides.items():
             if not hasattr(spec, k):
                 raise TypeError(f"EngineSpec has no field {k!r}")
@@ -152,6 +156,9 @@ class EngineSpec:
             kw["max_num_seqs"] = self.max_num_seqs
         if self.enable_prefix_caching is not None:
             kw["enable_prefix_caching"] = self.enable_prefix_caching
+        if self.lora_rank:
+            kw.update(enable_lora=True, max_lora_rank=self.lora_rank, max_loras=self.max_loras,
+                      max_cpu_loras=self.max_loras)
         if self.weight_transfer:
             if self.weight_backend == "auto":
                 raise ValueError("weight_sync.backend is still 'auto': resolve the run config first "
@@ -161,6 +168,14 @@ class EngineSpec:
             kw.update(engine_args_kwargs(self.weight_backend))
         kw.update(self.extra)
         return kw
+
+
+def adapter_slots(cfg) -> int:
+    """Adapters an engine of an adapter-synced LoRA run holds at once (`actors.adapters`): a request in flight
+    started at most K versions before the learner's (the credit's bound, K the largest `buffer.max_staleness`
+    the run may use), plus the newest adapter, plus one push landing meanwhile: K + 2."""
+    b = cfg.buffer
+    return (max(b.max_staleness, b.max_staleness_cap) if b.max_staleness_auto else b.max_staleness) + 2
 
 
 def set_kv_cache_env(kv_cache_gib: float | None) -> int:

@@ -24,6 +24,7 @@ guided rows) still share their prompt's cached blocks, but no request reads bloc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from actors.deadlines import DeadlineClock, DecodeRate, Watchdog, limits_of
 from actors.luffy import GroupPlan, guided_request
 from actors.prompts import PromptItem
-from actors.rows import prefix_only_sample, sample_from_completion
+from actors.rows import pinned_spans, prefix_only_sample, sample_from_completion
 from actors.turns import turn_of
 from buffer.records import Sample
 from envs.episode import EnvFault
@@ -98,11 +99,12 @@ class GroupSampler:
 
     def __init__(self, engine, tokenizer, settings: SamplingSettings, *, reward_fn: Callable[[str, str, str, dict], float],
                  name: str = "actor", reward_threads: int = 2, seed: int = 0,
-                 salt_version: Callable[[], int] | None = None, deadlines=None, multiturn=None):
+                 salt_version: Callable[[], int] | None = None, deadlines=None, multiturn=None, adapters=None):
         import random
 
         self.engine, self.tokenizer, self.s, self.name = engine, tokenizer, settings, name
         self.salt_version = salt_version
+        self.adapters = adapters  # actors.adapters.AdapterPins: each request pinned to its version's adapter
         self.eos_id = int(tokenizer.eos_token_id)
         self.reward_fn = reward_fn
         self._pool = ThreadPoolExecutor(max_workers=reward_threads, thread_name_prefix=f"reward-{name}")
@@ -148,8 +150,11 @@ class GroupSampler:
         attempt = self.watchdog.watch(rid) if watch and self.watchdog is not None else None
         ended = False
         try:
-            async for out in self.engine.generate(request_prompt(prompt_ids, salt), params, request_id=rid):
-                final = out
+            async with self._pinned(salt) as (version, lora):
+                pin = {} if lora is None else {"lora_request": lora}
+                async for out in self.engine.generate(request_prompt(prompt_ids, version), params, request_id=rid,
+                                                      **pin):
+                    final = out
             ended = True
         finally:
             if attempt is not None:
@@ -157,6 +162,9 @@ class GroupSampler:
         if final is None or not final.finished:
             raise RuntimeError(f"{self.name}: request {rid} ended without a final output")
         comps = sorted(final.outputs, key=lambda c: c.index)
+        if self.adapters is not None:  # one adapter sampled every token: the version it is pinned to
+            for c in comps:
+                c.weight_versions = pinned_spans(version, len(c.token_ids))
         cut = attempt.aborted if attempt is not None else {}
         if any(c.finish_reason == "abort" and c.index not in cut for c in comps):
             raise RequestAborted(f"{self.name}: request {rid} was aborted")
@@ -184,6 +192,13 @@ class GroupSampler:
                                                                     self._seed()), tag, self._salt(), watch=True)
             for i, c in zip(redo, again):
                 comps[i] = c
+
+    def _pinned(self, salt: int | None):
+        """(version, LoRARequest) a request runs under: its salt version's adapter, held until it ends
+        (`actors.adapters`); without adapters, (salt, None)."""
+        if self.adapters is None:
+            return contextlib.nullcontext((salt, None))
+        return self.adapters.pinned(salt)
 
     def _seed(self) -> int | None:
         return self._rng.randrange(2**31 - 1024) if self.s.seeded else None

@@ -45,6 +45,14 @@ class NoVersionError(RowError):
     actor drops the group and counts it (`groups_no_version`)."""
 
 
+def pinned_spans(version: int, num_tokens: int) -> list:
+    """vLLM's weight-version spans of a completion sampled by one version's weights throughout (a request
+    pinned to its version's LoRA adapter, `actors.adapters`): every token labelled `version`."""
+    from vllm.outputs import WeightVersionSpan
+
+    return [WeightVersionSpan(str(int(version)), 0, num_tokens)] if num_tokens else []
+
+
 def versions_from_spans(spans, num_tokens: int) -> np.ndarray:
     """int32 [num_tokens] weight version of each output token from vLLM's `WeightVersionSpan`s."""
     out = np.full(num_tokens, np.iinfo(np.int32).min, dtype=np.int32)

@@ -25,6 +25,7 @@ class WeightUpdates:
     """Mixin of `actors.core.AsyncActor` (uses its engine, name, version, counts, times)."""
 
     receiver = None
+    adapters = None  # actors.adapters.AdapterPins of a LoRA run whose pushes are adapters
     _follow_task: asyncio.Task | None = None
 
     async def connect_weight_sync(self, host: str, port: int, token: str) -> int:
@@ -47,7 +48,7 @@ class WeightUpdates:
         clock = getattr(getattr(self, "sampler", None), "clock", None)  # a push's pause stops the deadlines' clock
         self.receiver = WeightReceiver(pausing(self.engine, clock), host, port, token=token, name=self.name,
                                        initial_version=serving, clear_cache=self.clears_cache,
-                                       on_update=self._loaded)
+                                       on_update=self._loaded, adapters=self.adapters)
         return await self.receiver.init()
 
     @property

@@ -8,6 +8,8 @@ the only trained tensors; W stays frozen. B starts at zero, so step 0's policy i
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from configs.base import Section
@@ -38,6 +40,13 @@ class LoraConfig(Section):
         description="probability of dropping an adapter's input in training forwards (peft lora_dropout); only 0 "
                     "is accepted: the learner keeps every dropout off so that π_prox recomputed at a step's start "
                     "equals the policy that trains (docs/algorithms.md \"LoRA\")")
+    sync: Literal["adapter", "merged"] = Field(
+        "adapter", description="what a weight push carries to the engines: adapter = the adapter tensors only (A and "
+                               "B of every adapted layer, rank × (in + out) values each), loaded by vLLM's LoRA "
+                               "support as a new adapter per version, each request finished with the adapter it "
+                               "started with (docs/running.md \"LoRA\"); merged = the "
+                               "base with W + (alpha/rank)·B·A in every adapted layer, every weight of the model, "
+                               "as a full-parameter run pushes: the engines then serve one plain model, at the full model's bytes per push")
     export_merged: bool = Field(
         False, description="also write hf/step_<N>/merged/: the base with the adapter added into its weights, a "
                            "plain HF model (the adapter itself is always written to hf/step_<N>/ in peft format)")
@@ -57,6 +66,11 @@ class LoraConfig(Section):
     def scale(self) -> float:
         """alpha / rank, the factor of B·A (1 when alpha is null)."""
         return 1.0 if self.alpha is None else self.alpha / self.rank
+
+    @property
+    def adapter_sync(self) -> bool:
+        """Pushes carry the adapter only and engines serve it through vLLM's LoRA support."""
+        return self.enabled and self.sync == "adapter"
 
     def engine_max_rank(self) -> int:
         """vLLM's max_lora_rank for engines that serve this adapter: the smallest allowed value ≥ rank."""

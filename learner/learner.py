@@ -31,7 +31,7 @@ from buffer.records import Group
 from learner import batching, checkpoint
 from learner.distributed import all_reduce_extremes, default_device, gather_rows, init_distributed
 from learner.fsdp import DTYPES, build_scorer, ensure_sharded, make_mesh, named_full_tensors
-from learner.lora import AdapterOff, merge_adapters, save_adapter_config
+from learner.lora import AdapterOff, adapter_weights, merge_adapters, save_adapter_config
 from learner.optim import lr_at, make_adamw, optimizer_step, set_lr
 from learner.providers import ProviderContext, build_providers, run_scorer
 from learner.train_step import global_norm, train_microbatches
@@ -252,10 +252,14 @@ class Learner:
         hands the tensors to the weight-sync sender, the others drain it).
         dtype: the serving dtype (what the sender pushes): `learner.gather.serving_weights`, one FSDP unit
         at a time, every tensor a new one. None: the fp32 masters, one `full_tensor()` per parameter (an
-        unsharded policy yields its live parameters). A LoRA policy yields the base with its adapters merged
-        in (`learner.lora.merge_adapters`: new tensors)."""
+        unsharded policy yields its live parameters). A LoRA policy yields its adapter tensors only under peft's
+        names (`model.lora.sync: adapter`, `learner.lora.adapter_weights`), or the base with its adapters merged
+        in (`sync: merged`, `learner.lora.merge_adapters`: new tensors)."""
         from learner.gather import serving_weights
 
+        if self.lora and self.lora.adapter_sync:
+            yield from adapter_weights(self.policy, dtype or torch.float32)
+            return
         named = named_full_tensors(self.policy) if dtype is None else serving_weights(self.policy, dtype)
         yield from merge_adapters(named, self.lora.scale) if self.lora else named
 

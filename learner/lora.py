@@ -20,9 +20,11 @@ Why it looks like this:
   in adapter_model.safetensors (`base_model.model.<layer>.lora_A.weight`).
 - The reference policy (`AdapterOff`) is the same module with its adapters switched off (peft's
   `disable_adapter`): no second copy of the base in memory.
-- The weight push sends the base with the adapter merged in (`merge_adapters`: W + (alpha/rank)·B·A per
-  adapted layer, in fp32, then cast), through the unchanged weight sync: the engines serve one model per
-  version exactly as in a full-parameter run (docs/algorithms.md "LoRA" says why not adapter-only pushes yet).
+- A weight push sends the adapter alone (`adapter_weights`, `model.lora.sync: adapter`, the default): the
+  engines serve it through vLLM's LoRA support, a new adapter per version, each request pinned to the one it
+  started with (`actors.adapters`). With `sync: merged` it sends the base with the adapter merged in
+  (`merge_adapters`: W + (alpha/rank)·B·A per adapted layer, in fp32, then cast), and the engines serve one
+  plain model per version exactly as in a full-parameter run.
 """
 
 from __future__ import annotations
@@ -67,6 +69,21 @@ def merge_adapters(named: Iterable[tuple[str, torch.Tensor]], scale: float) -> I
             yield base_name(name), t
     if pending:
         raise RuntimeError(f"adapted layers without their adapters in the weight stream: {sorted(pending)[:3]}")
+
+
+def adapter_weights(policy: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """The push of an adapter-synced run (`model.lora.sync: adapter`): (peft name, full tensor in `dtype`, a
+    new one) per adapter tensor, gathered one at a time (`full_tensor()` of its FSDP2 shard: a collective, so
+    every rank iterates this in the same order); the frozen base is not gathered."""
+    for name, p in policy.named_parameters():
+        if is_adapter(name):
+            full = p.full_tensor() if callable(getattr(p, "full_tensor", None)) else p
+            yield peft_name(hf_name(name)), full.detach().to(dtype, copy=True)
+
+
+def adapter_shapes(policy: nn.Module, dtype: torch.dtype) -> list[tuple[str, torch.Size, torch.dtype]]:
+    """(peft name, full shape, `dtype`) of what `adapter_weights` yields, gathering nothing."""
+    return [(peft_name(hf_name(n)), p.shape, dtype) for n, p in policy.named_parameters() if is_adapter(n)]
 
 
 def serving_names(names: Iterable[tuple[str, torch.Size]]) -> list[tuple[str, torch.Size]]:

@@ -88,7 +88,8 @@ class WeightReceiver:
     """
 
     def __init__(self, engine, host: str, port: int, *, token: str, name: str, initial_version: int | None = 0,
-                 clear_cache: bool = True, on_update: Callable[[int], Awaitable[None] | None] | None = None):
+                 clear_cache: bool = True, on_update: Callable[[int], Awaitable[None] | None] | None = None,
+                 adapters=None):
         self.engine = engine
         self.host, self.port = host, int(port)
         self.token = token
@@ -96,6 +97,7 @@ class WeightReceiver:
         self.version: int | None = initial_version
         self.clear_cache = clear_cache
         self.on_update = on_update
+        self.adapters = adapters  # actors.adapters.AdapterPins: every push is a LoRA adapter (`_apply_adapter`)
         self.rank: int | None = None
         self.last_pause: tuple[float, float] | None = None  # (paused_at, resumed_at), time.monotonic()
         self._store = None
@@ -151,6 +153,8 @@ class WeightReceiver:
         push = await asyncio.to_thread(get_json, self._store, key_push(seq))
         version = int(push["version"])
         self._seq = seq
+        if self.adapters is not None:
+            return await self._apply_adapter(seq, version, push["info"])
         t0 = time.monotonic()
         marks: dict[str, float] = {}
         try:
@@ -178,18 +182,46 @@ class WeightReceiver:
         except BaseException:  # cancelled mid-update: the engine may hold a partial update
             await self._serve_no_version()
             raise
-        self.version = version
         prev, phases = t0, {}
         for phase, t in marks.items():  # seconds spent in each step, in order
             phases[phase], prev = t - prev, t
+        await self._loaded(seq, version, loaded, t0, self.last_pause[1] - self.last_pause[0], phases)
+        return version
+
+    async def _apply_adapter(self, seq: int, version: int, info: dict) -> int:
+        """A LoRA adapter push: the worker writes the adapter to a new folder (`weightsync.gloo.engine`), which
+        is registered as version `version`'s adapter (`actors.adapters.AdapterPins.add`). The base weights are
+        untouched, so the engine is not paused: requests in flight finish with the adapter they started with.
+        A failure leaves every adapter already served in place, and the engine keeps its version."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        t0 = time.monotonic()
+        folder = self.adapters.folder(version)
+        try:
+            await self.engine.start_weight_update()  # opens vLLM's update session; loads nothing
+            await self.engine.update_weights(WeightTransferUpdateRequest(
+                update_info={"version": version, "seq": seq, **info, "adapter_dir": str(folder)}))
+            await self.engine.finish_weight_update(weight_version=str(version))
+            received = time.monotonic()
+            await self.adapters.add(version)
+            loaded = await self.engine.get_weight_version()
+        except Exception as e:
+            self.adapters.discard(version)
+            await asyncio.to_thread(post_nack, self._store, seq, self.rank, repr(e))
+            raise WeightSyncError(f"{self.name}: loading adapter version {version} failed: {e!r}") from e
+        self.last_pause = None
+        await self._loaded(seq, version, loaded, t0, 0.0,
+                           {"update": received - t0, "add_lora": time.monotonic() - received})
+        return version
+
+    async def _loaded(self, seq: int, version: int, loaded: str, t0: float, paused_s: float, phases: dict) -> None:
+        self.version = version
         await asyncio.to_thread(post_ack, self._store, seq, self.rank, {
-            "version": loaded, "seconds": time.monotonic() - t0,
-            "paused_s": self.last_pause[1] - self.last_pause[0], "phases": phases})
+            "version": loaded, "seconds": time.monotonic() - t0, "paused_s": paused_s, "phases": phases})
         if self.on_update is not None:
             r = self.on_update(version)
             if asyncio.iscoroutine(r):
                 await r
-        return version
 
     async def _serve_no_version(self) -> None:
         """After a failed or aborted push: the engine's weights are a mix of the old version, parts of the

@@ -193,7 +193,8 @@ class LearnerRank:
                                    bucket_mb=ws.bucket_mb, timeout_s=ws.deadline_s,
                                    connect_timeout_s=ws.connect_timeout_s, backend=ws.backend,
                                    tp=engine.tensor_parallel_size,
-                                   mode=ws.mode, full_every=ws.full_every, min_gbps=ws.min_gbps,
+                                   mode="full" if self.cfg.model.lora.adapter_sync else ws.mode,  # an adapter
+                                   full_every=ws.full_every, min_gbps=ws.min_gbps,  # is small: pushed whole
                                    staging=staging or self._staging)
         self._staging = None
         return self.sender.address
@@ -204,9 +205,11 @@ class LearnerRank:
         every actor to join the group."""
         if self.sender is not None:
             from learner.gather import serving_shapes
+            from learner.lora import adapter_shapes
 
             learner = self.learner
-            self.sender.reserve_staging(serving_shapes(learner.policy, learner.compute_dtype), learner.device)
+            shapes = adapter_shapes if self.cfg.model.lora.adapter_sync else serving_shapes
+            self.sender.reserve_staging(shapes(learner.policy, learner.compute_dtype), learner.device)
             self.sender.connect()
 
     def step(self, groups, version: int) -> dict:

@@ -15,6 +15,10 @@ It lives in the vLLM worker process. Per push the worker is driven by the actor-
                            a delta push (``weightsync.delta``) patches the mirror instead, then
                            loads every tensor of the mirror;
   finish_weight_update  -> vLLM finalises the reload (re-runs CPU GEMM weight packing etc).
+An adapter push (``adapter_dir`` in the update info: a LoRA run's `model.lora.sync: adapter`) loads nothing
+into the model: its tensors (peft names) are written to ``adapter_dir/adapter_model.safetensors``, and the
+actor registers that folder with vLLM as the adapter of the push's version (``actors.adapters``). The base
+weights are never touched, so the reload starts lazily, with the first bucket of a push that loads weights.
 A plain in-place ``load_weights`` would not be enough on CPU: vLLM pre-packs linear weights (oneDNN /
 sgl kernels) after loading, so only the reload lifecycle makes the new weights visible. For the same
 reason patches cannot be applied to the parameters in place: with ``mirror`` set (the sender runs in
@@ -27,9 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from vllm.config.weight_transfer import WeightTransferConfig
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
@@ -71,6 +78,21 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     version: int
     seq: int
     delta: bool = False  # the buckets hold patches of the mirror, not full tensors
+    adapter_dir: str | None = None  # a LoRA adapter push: written here (ADAPTER_WEIGHTS), the model untouched
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file name, what vLLM's LoRA loader reads
+
+
+def save_adapter(tensors: dict[str, torch.Tensor], folder: str | Path) -> Path:
+    """Write an adapter push's tensors (peft names) to `folder`/adapter_model.safetensors, atomically (a
+    reader never sees half a file); each tensor is copied out of the bucket it arrived in."""
+    path = Path(folder) / ADAPTER_WEIGHTS
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}, str(tmp),
+              metadata={"format": "pt"})
+    os.replace(tmp, path)
+    return path
 
 
 def _tied_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -118,12 +140,19 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     init_info.host, init_info.port)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        """Nothing yet: the layerwise reload starts with the first bucket that loads weights (`_begin_reload`);
+        an adapter push loads none."""
 
-        initialize_layerwise_reload(self.model)
-        self._reload_active = True
+    def _begin_reload(self) -> None:
+        if not self._reload_active:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
+            self._reload_active = True
 
     def finish_weight_update(self) -> None:
+        if not self._reload_active:
+            return
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
@@ -159,6 +188,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
 
         info = self._info
         mirror, self._mirror = self._mirror, None  # valid again only once this push has fully landed
+        adapter: dict[str, torch.Tensor] | None = {} if update_info.adapter_dir else None
+        if adapter is not None and update_info.delta:
+            raise WeightSyncError(f"rank {info.rank}: an adapter push (#{update_info.seq}) is always dense")
         if update_info.delta and mirror is None:
             raise WeightSyncError(f"rank {info.rank}: delta push #{update_info.seq} without a dense push to "
                                   "patch (the engine was not initialised with mirror, or a push failed)")
@@ -182,16 +214,23 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                             raise WeightSyncError(f"rank {info.rank}: patch of {name!r} {shape} does not match "
                                                   f"the last dense push")
                         apply_patch(base, indices, values)
+                elif adapter is not None:
+                    adapter.update((name, t.clone()) for name, t in unpack_bucket(h, bucket.payload))
                 else:
                     weights = unpack_bucket(h, bucket.payload)
                     if weights:
+                        self._begin_reload()
                         self.model.load_weights(weights)
                     if mirror is not None:
                         mirror.update(weights)
                 self._store.add(key_progress(h.seq, info.rank), 1)
                 index += 1
             if update_info.delta:
+                self._begin_reload()
                 self.model.load_weights(list(mirror.items()))
+        if adapter is not None:
+            save_adapter(adapter, update_info.adapter_dir)
+            mirror = None  # the engine's weights are the base: a later delta has nothing to patch
         self._mirror = mirror
 
     def _abandon_reload(self) -> None:

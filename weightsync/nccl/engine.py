@@ -49,7 +49,7 @@ from vllm.distributed.weight_transfer.sparse_nccl_engine import (
 )
 
 from weightsync.backends import NCCL_ENGINE_BACKEND
-from weightsync.gloo.engine import GlooWeightTransferEngine
+from weightsync.gloo.engine import GlooWeightTransferEngine, save_adapter
 from weightsync.liveness import Heartbeat, abort_probe, unformed_probe
 from weightsync.nccl.comm import GatedCommunicator, build_ring, call_with_deadline, on_device
 from weightsync.nccl.plane import KIND_DELTA, KIND_FULL
@@ -106,12 +106,26 @@ class ImpalaNcclUpdateInfo(WeightTransferUpdateInfo):
     shapes: list[list[int]]
     num_updates_list: list[int] | None = None
     deadline_s: float | None = None  # the sender's deadline of this push (None: the init's timeout_s)
+    adapter_dir: str | None = None  # a LoRA adapter push (gloo engine's GlooWeightTransferUpdateInfo)
 
     def __post_init__(self) -> None:
         if self.kind not in (KIND_FULL, KIND_DELTA):
             raise ValueError(f"update kind must be {KIND_FULL!r} or {KIND_DELTA!r}, got {self.kind!r}")
         if self.kind == KIND_DELTA and self.num_updates_list is None:
             raise ValueError("a delta update needs num_updates_list")
+
+
+class _Collector:
+    """Stands in for the model while vLLM's dense receive runs for an adapter push: keeps each received tensor
+    (copied out of the receive buffer, to host memory) instead of loading it."""
+
+    def __init__(self):
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights) -> set[str]:
+        for name, t in weights:
+            self.tensors[name] = t.to("cpu", copy=True)
+        return set(self.tensors)
 
 
 def dense_update_info(info: ImpalaNcclUpdateInfo) -> NCCLWeightTransferUpdateInfo:
@@ -218,13 +232,6 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
         self._drop_communicator()
 
     # ------------------------------------------------------------------ push
-    def start_weight_update(self) -> None:
-        """Nothing yet: whether to start a layerwise reload depends on the push's kind."""
-
-    def finish_weight_update(self) -> None:
-        if self._reload_active:
-            super().finish_weight_update()
-
     def update_weights(self, update_info: dict) -> None:
         info = self.parse_update_info(update_info)
         self._require_communicator()
@@ -242,10 +249,20 @@ class ImpalaNcclWeightTransferEngine(GlooWeightTransferEngine):
         for the device (vLLM's base ``update_weights`` does the same; skipped off CUDA, where there is
         nothing to wait for)."""
         self._require_communicator()
-        if update_info.kind == KIND_FULL:
+        if update_info.adapter_dir is not None:
+            if update_info.kind != KIND_FULL:
+                raise WeightSyncError(f"rank {self._info.rank}: an adapter push (#{update_info.seq}) is always "
+                                      "dense")
+            received = _Collector()
+            self._dense.model, model = received, self._dense.model  # vLLM's receive feeds model.load_weights
+            try:
+                self._dense.receive_weights(dense_update_info(update_info))
+            finally:
+                self._dense.model = model
+            save_adapter(received.tensors, update_info.adapter_dir)
+        elif update_info.kind == KIND_FULL:
             typed = dense_update_info(update_info)
-            if not self._reload_active:
-                super().start_weight_update()
+            self._begin_reload()
             self._dense.receive_weights(typed)
         else:
             for chunk in sparse_update_infos(update_info):
