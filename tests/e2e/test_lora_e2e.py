@@ -1,6 +1,7 @@
 """End to end: a LoRA run (`model.lora`) of a user's model, `--serial` (learner and actor in the driver process,
 a real vLLM engine, a real buffer process, real weight pushes): the adapters train on the frozen base, every
-push carries the merged weights, the checkpoint holds the adapters only, and the run's output is a peft adapter
+push carries the adapter alone (`model.lora.sync: adapter`, served by vLLM's LoRA; tests/actors/
+test_actor_adapters.py proves the per-request pinning), the checkpoint holds the adapters only, and the run's output is a peft adapter
 (plus the merged model) that peft and transformers load.
 
 The model is `tests.e2e.real_model`'s random-init Qwen2 (q/k/v biases, grouped KV heads, tied embeddings) on
@@ -8,6 +9,8 @@ MATH-500: it scores 0, so the groups carry no advantage; a small entropy bonus m
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -20,7 +23,7 @@ from tests.e2e.real_model import RealAssets
 pytestmark = pytest.mark.slow
 
 
-def test_a_lora_run_trains_adapters_pushes_merged_weights_and_exports_an_adapter(tmp_path, real_assets: RealAssets):
+def test_a_lora_run_trains_adapters_pushes_only_them_and_exports_an_adapter(tmp_path, real_assets: RealAssets):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -31,15 +34,17 @@ def test_a_lora_run_trains_adapters_pushes_merged_weights_and_exports_an_adapter
     check_run(out, 3, 1, "loss/pg")
     base = load_file(str(real_assets.model / "model.safetensors"))
     full_bytes = sum(t.numel() * t.element_size() for t in base.values())
-    # every push is the whole merged model, in the serving dtype (fp32 on CPU): wire bytes = the model's + framing
-    pushed = [r["weight_sync/bytes"] for r in trained_rows(out) if r.get("weight_sync/bytes")]
-    assert pushed and all(full_bytes <= b < full_bytes * 1.01 for b in pushed), (pushed, full_bytes)
 
-    names = []
+    names, adapter_bytes = [], 0
     for f in (out / "checkpoints" / "step_3" / "policy").glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as h:
             names += list(h.keys())  # noqa: SIM118 (not a dict)
+            adapter_bytes += sum(math.prod(h.get_slice(n).get_shape()) * 4 for n in h.keys() if n.startswith("model.") and ".lora_" in n)  # noqa: SIM118
     assert names and all(".lora_" in n for n in names if not n.endswith(".step")), names  # adapters only
+    # every push is the adapter alone, in the serving dtype (fp32 on CPU): wire bytes = the adapter's + framing
+    pushed = [r["weight_sync/bytes"] for r in trained_rows(out) if r.get("weight_sync/bytes")]
+    assert pushed and all(adapter_bytes <= b < adapter_bytes * 1.05 for b in pushed), (pushed, adapter_bytes)
+    print(f"\npush: {pushed[0]} B (adapter {adapter_bytes} B) against the model's {full_bytes} B")
 
     export = out / "hf" / "step_3"
     assert (export / "adapter_config.json").is_file() and (export / "adapter_model.safetensors").is_file()
