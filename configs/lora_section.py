@@ -44,7 +44,8 @@ class LoraConfig(Section):
         "adapter", description="what a weight push carries to the engines: adapter = the adapter tensors only (A and "
                                "B of every adapted layer, rank × (in + out) values each), loaded by vLLM's LoRA "
                                "support as a new adapter per version, each request finished with the adapter it "
-                               "started with (docs/running.md \"LoRA\"); merged = the "
+                               "started with (docs/running.md \"LoRA\"); every push is the whole adapter "
+                               "(weight_sync.mode delta does not apply); merged = the "
                                "base with W + (alpha/rank)·B·A in every adapted layer, every weight of the model, "
                                "as a full-parameter run pushes: the engines then serve one plain model, at the full model's bytes per push")
     export_merged: bool = Field(

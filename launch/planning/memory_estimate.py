@@ -20,7 +20,8 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
   A LoRA run (model.lora; Q: adapter parameters, `ModelShape.lora_parameters`) replaces the sharded state
   by the frozen fp32 base, 4 × P / world, and the adapters' 16 × Q / world; the embedding and head are
   frozen (no root gradients), and the reference is the policy with its adapters off (nothing more). Its
-  pushes carry the merged base, P × d, as a full run's.
+  pushes carry the adapter alone, Q × d (`model.lora.sync: adapter`), or the merged base, P × d, as a full
+  run's (`sync: merged`).
   frozen(P) = P × d / world + R × d: a frozen model sharded with FSDP2 over the ranks, whose root unit
   (its embedding and head) is whole while it runs; P × d on a world of one (unsharded).
   rank 0 only, on the GPU:
@@ -28,7 +29,7 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
                                              bucket in flight while the other holds the next tensor's device
                                              copy and its torch.cat (`packed_tensor.pack_tensors`)
   rank 0 only, in pinned host memory (`weightsync.staging`: nothing of a push stays on the GPU):
-    push staging       `pinned_host_bytes`: the payload P × d in full mode, twice that in delta mode
+    push staging       `pinned_host_bytes`: the payload P × d in full mode (Q × d for adapter pushes), twice that in delta mode
                                              (the patch arena beside the payload, which is the baseline)
 
 d = bytes of model.dtype, h = hidden size, V = vocabulary. `activations` (the layer inputs and the one
@@ -71,11 +72,12 @@ def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: 
                    dtype_bytes: int = 2, delta: bool = False, reference: bool = False,
                    aux: tuple[ModelShape, ...] = (), teacher: ModelShape | None = None,
                    bucket_bytes: float = 256 * 2**20, activations: float | None = None,
-                   lora_params: int | None = None) -> LearnerMemory:
+                   lora_params: int | None = None, adapter_push: bool = False) -> LearnerMemory:
     """The module docstring's budget for one rank (pure arithmetic). aux: the frozen HF models the
     algorithm loads (PURE's PRM); teacher: the distillation teacher's shape (None: no teacher);
     activations: measured bytes of one micro-batch's activations (None: the formula); lora_params: the
-    adapters' parameters of a LoRA run (None: every weight trains)."""
+    adapters' parameters of a LoRA run (None: every weight trains); adapter_push: its pushes carry the adapter
+    alone (Q × d, always whole)."""
     p, d, h = shape.parameters(), dtype_bytes, shape.hidden
     root = shape.vocab * h * (1 if shape.tied else 2)
     layer = (p - root - h) / shape.layers
@@ -100,7 +102,9 @@ def learner_memory(shape: ModelShape, *, world: int, tokens: int, chunk_tokens: 
     if teacher is not None:
         every.append(("teacher", frozen(teacher)))
     rank0 = [("send buffers", (PRODUCER_SLOTS + 1) * max(bucket_bytes, shape.vocab * h * d))]
-    host = [("push staging", pinned_host_bytes(p * d, delta))]
+    adapter_push = adapter_push and lora_params is not None
+    host = [("push staging", pinned_host_bytes(lora_params * d, False) if adapter_push
+             else pinned_host_bytes(p * d, delta))]
     return LearnerMemory(tuple(every), tuple(rank0), tuple(host))
 
 
@@ -136,7 +140,8 @@ def run_memory(cfg: RunConfig, shape: ModelShape, gpu: bool = True, activations:
                           reference="ref_logprobs" in algos.get(cfg.algo).requires(cfg),
                           aux=aux_shapes(cfg), teacher=teacher_shape(cfg),
                           bucket_bytes=cfg.weight_sync.bucket_mb * 2**20,
-                          activations=activations, lora_params=lora_parameters(cfg, shape))
+                          activations=activations, lora_params=lora_parameters(cfg, shape),
+                          adapter_push=cfg.model.lora.adapter_sync)
 
 
 def lora_parameters(cfg: RunConfig, shape: ModelShape) -> int | None:
@@ -159,7 +164,8 @@ def estimate_line(cfg: RunConfig, shape: ModelShape) -> str:
             + (f"; LoRA rank {cfg.model.lora.rank}: {lora_parameters(cfg, shape) / 1e6:.1f} M adapter parameters "
                "train, the base is frozen" if cfg.model.lora.enabled else "")
             + f"; rank 0 stages each push in "
-            f"{host / GB:.1f} GB of pinned host memory ({cfg.weight_sync.mode} pushes)")
+            f"{host / GB:.1f} GB of pinned host memory "
+            f"({'adapter' if cfg.model.lora.adapter_sync else cfg.weight_sync.mode} pushes)")
 
 
 

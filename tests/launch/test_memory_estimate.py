@@ -124,5 +124,11 @@ def test_a_lora_run_counts_a_frozen_base_and_the_adapters_only(tmp_path):
     cfg = resolve("grpo", overrides=[f"model.path={tmp_path}", "model.lora.rank=16"])
     run = run_memory(resolve_auto(cfg, [Node("g", 96, 16, 1000)]), shape)
     assert dict(run.every_rank)["adapter state"] == 16 * q
+    # adapter pushes (model.lora.sync: adapter, the default) stage Q × 2 bytes = 80.7 MB, not P × 2 = 15.2 GB
+    assert dict(run.rank0_host)["push staging"] == q * 2
     (line,) = start_lines(resolve_auto(cfg, [Node("g", 96, 16, 1000)]))
     assert "LoRA rank 16: 40.4 M adapter parameters train, the base is frozen" in line
+    assert line.endswith("rank 0 stages each push in 0.1 GB of pinned host memory (adapter pushes)")
+    merged = resolve_auto(resolve("grpo", overrides=[f"model.path={tmp_path}", "model.lora.rank=16",
+                                                     "model.lora.sync=merged"]), [Node("g", 96, 16, 1000)])
+    assert dict(run_memory(merged, shape).rank0_host)["push staging"] == pytest.approx(p * 2, rel=1e-3)
