@@ -50,9 +50,13 @@ class AdapterPins:
         self.newest: int | None = None
         self.pins: Counter[int] = Counter()
 
+    def _path(self, version: int) -> Path:
+        # a version the engine serves already is pushed again as a new group's first push: received beside it
+        return self.scratch / (f"v{version}.again" if version in self.loaded else f"v{version}")
+
     def folder(self, version: int) -> Path:
         """The (new) folder adapter `version` is written to, its adapter_config.json in place."""
-        path = self.scratch / f"v{int(version)}"
+        path = self._path(int(version))
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         (path / ADAPTER_CONFIG).write_text(json.dumps(self.config))
@@ -60,10 +64,16 @@ class AdapterPins:
 
     async def add(self, version: int) -> None:
         """Register the adapter written to `folder(version)` with the engine: new requests get it; older
-        adapters nobody holds are removed."""
+        adapters nobody holds are removed. A version the engine serves already (a new transfer group starts
+        with a push of the current version) keeps its adapter: the same version is the same weights."""
         from vllm.lora.request import LoRARequest
 
         version = int(version)
+        if version in self.loaded:
+            shutil.rmtree(self._path(version), ignore_errors=True)
+            self.newest = version
+            await self._retire()
+            return
         request = LoRARequest(f"v{version}", lora_id(version), str(self.scratch / f"v{version}"))
         if not await self.engine.add_lora(request):
             raise RuntimeError(f"the engine refused adapter v{version} ({request.lora_path})")
@@ -72,8 +82,7 @@ class AdapterPins:
 
     def discard(self, version: int) -> None:
         """Forget the folder of a push that failed before `add`."""
-        if int(version) not in self.loaded:
-            shutil.rmtree(self.scratch / f"v{int(version)}", ignore_errors=True)
+        shutil.rmtree(self._path(int(version)), ignore_errors=True)
 
     @contextlib.asynccontextmanager
     async def pinned(self, version: int):

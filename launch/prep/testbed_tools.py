@@ -40,9 +40,10 @@ import numpy as np
 
 from configs.schema import RunConfig
 
-TOOL_DEMO_SHARE = 0.25  # share of the warm-up's demonstrations that call the calculator, on either level
-HARD_DEMOS = 2000  # steps-hard train problems in the warm-up: the tool share of them call it, the rest answer bare
-TOOL_DEMO_FORMAT = 2  # bump when the demonstrations change: it enters the cache key
+TOOL_DEMO_SHARE = 0.25  # share of the warm-up's steps-main (column) demonstrations that call the calculator
+HARD_TOOL_SHARE = 0.4  # share of its steps-hard demonstrations that call it (the rest answer bare): below 1/2
+HARD_DEMOS = 6000  # steps-hard train problems in the warm-up
+TOOL_DEMO_FORMAT = 3  # bump when the demonstrations change: it enters the cache key
 TOOL = "calculator"
 HARD = "steps-hard"  # the run's level (configs/testbeds/tools.yaml)
 
@@ -81,14 +82,16 @@ def tools_warm_dir(wcfg: RunConfig) -> Path:
     from launch.prep.model_prep import _key, warm_plan
 
     plain = warm_plan(wcfg)[0]
-    key = _key({"share": TOOL_DEMO_SHARE, "hard": HARD_DEMOS, "format": TOOL_DEMO_FORMAT, "tool": TOOL})
+    key = _key({"share": TOOL_DEMO_SHARE, "hard_share": HARD_TOOL_SHARE, "hard": HARD_DEMOS,
+                "format": TOOL_DEMO_FORMAT, "tool": TOOL})
     return plain.with_name(f"{plain.name}-tools-{key}")
 
 
 def warmup_demos(wcfg: RunConfig, tokenizer, style, hard: int = HARD_DEMOS) -> tuple[dict, dict, dict]:
     """(demo ids, prompt ids, environment masks) by key (module docstring): the noisy column demonstrations of
     `wcfg`'s train problems (keys 0...), then `hard` steps-hard train problems answered bare, `\\boxed{N}` (keys
-    from `wcfg.data.train_prompts` on); a seeded `TOOL_DEMO_SHARE` of both replaced by tool demonstrations."""
+    from `wcfg.data.train_prompts` on); a seeded `TOOL_DEMO_SHARE` of the first and `HARD_TOOL_SHARE` of the
+    second replaced by tool demonstrations."""
     from actors.prompts import encode_prompt
     from envs.render import ObservationRenderer
     from launch.prep.data import arithmetic_config, tokenize_demos
@@ -112,7 +115,7 @@ def warmup_demos(wcfg: RunConfig, tokenizer, style, hard: int = HARD_DEMOS) -> t
     rng = random.Random(f"{wcfg.data.seed}:tool-demos")
     env = {}
     for i in sorted(demos):
-        if rng.random() < TOOL_DEMO_SHARE:
+        if rng.random() < (HARD_TOOL_SHARE if i >= len(train) else TOOL_DEMO_SHARE):
             demos[i], env[i] = tool_demo(problems[i], tokenizer, renderer)
     return demos, prompts, env
 

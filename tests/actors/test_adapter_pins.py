@@ -48,6 +48,9 @@ def test_requests_keep_their_adapter_and_old_ones_go_when_unpinned(tmp_path):
         assert not (tmp_path / "v1").exists() and (tmp_path / "v2" / "adapter_config.json").is_file()
         async with pins.pinned(1) as (v, _):  # 1 is gone: a request read version 1 before 2 landed
             assert v == 2  # runs under the newest, and its row says so
+        assert pins.folder(2).name == "v2.again"  # a new group's first push repeats the version served
+        await pins.add(2)  # kept as it is (vLLM would refuse a second adapter with its id)
+        assert sorted(pins.loaded) == [2] and not (tmp_path / "v2.again").exists()
         with pytest.raises(RuntimeError, match="no adapter for version 7"):
             async with AdapterPins(engine, tmp_path / "other", {}).pinned(7):
                 pass
