@@ -421,6 +421,29 @@ def test_engine_delta_push_is_in_place(engine, calls):
         num_updates_list=[2, 1]))]
 
 
+def test_engine_adapter_push_writes_the_adapter_and_loads_nothing(engine, calls, monkeypatch, tmp_path):
+    """A LoRA adapter push (`adapter_dir`): vLLM's dense receive runs as for a full push, but what it would feed
+    the model's load_weights is written to adapter_dir/adapter_model.safetensors; no layerwise reload starts."""
+    from safetensors.torch import load_file
+
+    payload = dense_payload()
+    sent = dict(payload.full)
+
+    def receive(info):  # vLLM's packed consumer: the received tensors go to model.load_weights, views of a buffer
+        calls.append(("dense", info))
+        engine._dense.model.load_weights([(n, sent[n].clone()) for n in info.names])
+
+    monkeypatch.setattr(engine._dense, "receive_weights", receive)
+    model = engine._dense.model
+    engine.start_weight_update()
+    engine.update_weights({"version": 7, "seq": 3, **nccl_update_info(payload), "adapter_dir": str(tmp_path)})
+    engine.finish_weight_update()
+    assert [c if isinstance(c, str) else c[0] for c in calls] == ["dense"]  # no "reload", no "finalize"
+    assert engine._dense.model is model  # the stand-in collector is gone again
+    written = load_file(str(tmp_path / "adapter_model.safetensors"))
+    assert written.keys() == sent.keys() and all(torch.equal(written[k], sent[k]) for k in sent)
+
+
 def test_engine_failed_full_push_rolls_the_reload_back(engine, calls, monkeypatch):
     def broken(info):
         raise RuntimeError("NCCL error")
