@@ -28,9 +28,10 @@ def test_a_lora_run_trains_adapters_pushes_only_them_and_exports_an_adapter(tmp_
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "lora"
-    train(out, None, "--algo", "grpo", "--serial", "--actors", "1", "--steps", "3", "--max-staleness", "1",
-          "--model", str(real_assets.model), "--data", str(real_assets.data), "--set", "loss.entropy_coef=0.01",
-          "--set", "model.lora.rank=8", "--set", "model.lora.alpha=16", "--set", "model.lora.export_merged=true")
+    args = ("--algo", "grpo", "--serial", "--actors", "1", "--max-staleness", "1", "--model", str(real_assets.model),
+            "--data", str(real_assets.data), "--set", "loss.entropy_coef=0.01", "--set", "model.lora.rank=8",
+            "--set", "model.lora.alpha=16", "--set", "model.lora.export_merged=true")
+    train(out, None, "--steps", "3", *args)
     check_run(out, 3, 1, "loss/pg")
     base = load_file(str(real_assets.model / "model.safetensors"))
     full_bytes = sum(t.numel() * t.element_size() for t in base.values())
@@ -59,3 +60,10 @@ def test_a_lora_run_trains_adapters_pushes_only_them_and_exports_an_adapter(tmp_
     changed = {k for k, v in load_file(str(export / "merged" / "model.safetensors")).items()
                if not torch.equal(v, base[k])}
     assert changed and all(k.endswith("proj.weight") for k in changed), changed  # the adapted layers only
+
+    # The same command with one more step resumes: the new engine starts from the base, labelled 3, and the
+    # resume's first push brings it adapter 3 before any request (one run under K = 1 needs rows of version 3)
+    proc = train(out, None, "--steps", "4", *args)
+    assert "holds this command's run" in proc.stdout + proc.stderr
+    check_run(out, 4, 1, "loss/pg")
+    assert all(r["weight_sync/bytes"] == pushed[0] for r in trained_rows(out) if r.get("weight_sync/bytes"))
