@@ -197,6 +197,18 @@ def build_engine(spec: EngineSpec):
     return engine
 
 
+async def greedy_response(engine, prompt_ids, max_tokens: int, request_id: str) -> list[int]:
+    """One greedy (temperature 0) response's token ids to `prompt_ids`: a live teacher's trace
+    (`launch.processes.teacher_role`)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, detokenize=False)
+    final = None
+    async for out in engine.generate({"prompt_token_ids": list(prompt_ids)}, params, request_id=request_id):
+        final = out
+    return [int(t) for t in final.outputs[0].token_ids]
+
+
 def kv_cache_tokens(engine) -> int | None:
     """Tokens of KV cache a started engine allocated: vLLM 0.32's front end holds the engine core's figure,
     `vllm_config.cache_config.num_gpu_blocks` (blocks, "gpu" on CPU engines too) × `block_size` (tokens

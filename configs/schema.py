@@ -89,9 +89,11 @@ class _SharedConfig(Section):
         (`AlgoSpec.validate`, in its options module)."""
         spec = algos.get(self.algo)
         n = self.rollout.n
-        if spec.needs_demonstrations and self.data.demos is None and self.data.task == "file":
+        if (spec.needs_demonstrations and self.data.demos is None and self.data.task == "file"
+                and self.teacher.live_traces == "off"):
             yield (f"data.demos: {self.algo} needs demonstrations but none were given — "
-                   "pass --demos FILE (parquet/JSONL with a `target` column)")
+                   "pass --demos FILE (parquet/JSONL with a `target` column), or have a teacher write them "
+                   "(teacher.path and teacher.live_traces=missing)")
         if spec.whole_groups_per_microbatch and self.learner.micro_batch_samples % n:
             yield (f"learner.micro_batch_samples: {self.algo} needs whole groups per micro-batch but "
                    f"{self.learner.micro_batch_samples} is not a multiple of rollout.n={n} — use "

@@ -52,7 +52,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     cluster = joins_cluster(cfg)  # else loopback: one machine
     graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message,
                          log_dir=None if cfg.logging.verbose else run_dir / "logs")
-    keeper = None
+    keeper = teacher = None
     try:
         if not cfg.serial:  # every other node sees the run folder, the model and the data, or the run stops here
             check_shared_storage(run_dir, other_nodes(), shared_paths(cfg, model_dir))
@@ -82,8 +82,15 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
                              + (f" (a full push every {ws.full_every} versions)" if ws.mode == "delta" else ""))
         if cfg.resume:  # engines started from the initial model: bring them to the checkpoint's weights
             graph.push_weights(driver.version)
+        if cfg.teacher.live_traces != "off":  # its own engine, on its own thread: nobody waits for it
+            from launch.processes.teacher_role import LiveTeacher
+
+            driver.teacher = teacher = LiveTeacher(cfg, cfg.teacher.path, data, run_dir, log=progress.message)
+            teacher.start()
         return driver.run()
     finally:
+        if teacher is not None:
+            teacher.close()
         graph.shutdown()
         if keeper is not None:
             keeper.stop()
