@@ -197,12 +197,14 @@ def build_engine(spec: EngineSpec):
     return engine
 
 
-async def greedy_response(engine, prompt_ids, max_tokens: int, request_id: str) -> list[int]:
-    """One greedy (temperature 0) response's token ids to `prompt_ids`: a live teacher's trace
+async def one_response(engine, prompt_ids, rollout, request_id: str) -> list[int]:
+    """The token ids of one response to `prompt_ids`, sampled as the rollouts are (`rollout`: the run's
+    rollout section: temperature, top_p, top_k, max_response_tokens): a live teacher's trace
     (`launch.processes.teacher_role`)."""
     from vllm import SamplingParams
 
-    params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, detokenize=False)
+    params = SamplingParams(n=1, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                            max_tokens=rollout.max_response_tokens, detokenize=False)
     final = None
     async for out in engine.generate({"prompt_token_ids": list(prompt_ids)}, params, request_id=request_id):
         final = out

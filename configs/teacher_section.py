@@ -27,6 +27,6 @@ class TeacherConfig(Section):
                            "writes a trace for while the run goes on. off = traces come from data.demos alone; "
                            "missing = every training prompt with no trace in data.demos; all = every training prompt "
                            "(a file trace is kept until the teacher's replaces it). One trace per prompt, checked by "
-                           "the run's reward: only traces scoring ≥ 1 are used and appended, one JSON line each in "
+                           "the run's reward: only non-empty traces scoring ≥ 1 are used and appended, one JSON line each in "
                            "data.demos' layout, to teacher_traces.jsonl in the run folder, which a later run reads "
                            "offline with --demos. Needs teacher.path and --algo luffy (refused before start)")

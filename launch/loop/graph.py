@@ -66,11 +66,17 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
                            and cfg.learner.gpus_per_rank == 0)
         rank_cores = (plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank) if one_cpu_machine
                       else [None] * cfg.learner.world_size)
+        if cfg.teacher.live_traces != "off":  # its own engine, on its own thread, starting now: nobody waits for it
+            from launch.processes.teacher_role import LiveTeacher
+
+            teacher = LiveTeacher(cfg, cfg.teacher.path, data, run_dir, log=progress.message)
+            teacher.start()
         if not cfg.resume:  # the engines start while the learner does (a resume first learns what to skip)
             graph.start_actors(skip=[], version=0)
         graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
         driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public(),
                         keeper=keeper)
+        driver.teacher = teacher
         if cfg.resume:
             graph.start_actors(skip=driver.restore(Path(cfg.resume)), version=driver.version)
         graph.await_actors()
@@ -82,11 +88,6 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
                              + (f" (a full push every {ws.full_every} versions)" if ws.mode == "delta" else ""))
         if cfg.resume:  # engines started from the initial model: bring them to the checkpoint's weights
             graph.push_weights(driver.version)
-        if cfg.teacher.live_traces != "off":  # its own engine, on its own thread: nobody waits for it
-            from launch.processes.teacher_role import LiveTeacher
-
-            driver.teacher = teacher = LiveTeacher(cfg, cfg.teacher.path, data, run_dir, log=progress.message)
-            teacher.start()
         return driver.run()
     finally:
         if teacher is not None:

@@ -2,7 +2,7 @@
 
 - Kept: a trace is the teacher's response to a training prompt, scored with the run's reward exactly as a file
   trace is (`launch.prep.data.score_demos`: decoded with special tokens skipped, against the prompt's question,
-  ground truth and extra). Only a trace scoring ≥ 1 is used (`accepted`); the others are counted as rejected
+  ground truth and extra). Only a non-empty trace scoring ≥ 1 is used (`accepted`); the others are counted as rejected
   and the prompt keeps what it had (its file trace, or none).
 - Written: each kept trace is appended as one JSON line in the veRL layout `data.demos` reads (`tasks.records`),
   the training prompt's record with the trace as its target, to `TRACE_FILE` in the run folder; a later run
@@ -28,9 +28,10 @@ from tasks.records import Record
 TRACE_FILE = "teacher_traces.jsonl"
 
 
-def accepted(reward: float) -> bool:
-    """Whether a teacher trace with this reward is used: only a correct one (reward ≥ 1)."""
-    return reward >= 1.0
+def accepted(reward: float, trace: str) -> bool:
+    """Whether a teacher trace is used: only a correct one (reward ≥ 1) with some text (an empty trace, e.g. an
+    immediate eos, is no demonstration, and `data.demos` refuses empty targets)."""
+    return reward >= 1.0 and bool(trace.strip())
 
 
 def trace_record(prompt: Record, trace: str) -> Record:
@@ -46,9 +47,9 @@ class TraceCounts:
     from_teacher: int = 0
     rejected: int = 0
 
-    def count(self, reward: float) -> bool:
-        """Count one teacher trace by its reward; True when it is kept (`accepted`)."""
-        ok = accepted(reward)
+    def count(self, reward: float, trace: str) -> bool:
+        """Count one teacher trace by its reward and text; True when it is kept (`accepted`)."""
+        ok = accepted(reward, trace)
         if ok:
             self.from_teacher += 1
         else:

@@ -5,7 +5,8 @@ core is vLLM's subprocess, as an actor's is), so neither the learner nor the act
 takes what it finished once per step (`take`) and hands each trace on as a file trace is handed on
 (`launch.loop.driver`: the buffer's demonstrations, the actors' prompts, `RunData.demos`).
 
-What it does: one greedy response (temperature 0, at most rollout.max_response_tokens) per queued training prompt
+What it does: one response, sampled as the rollouts are (rollout.temperature, top_p, top_k, max_response_tokens),
+per queued training prompt
 (missing: those without a file trace; all: every one), `IN_FLIGHT` requests at a time, scored with the run's
 reward; kept, counted and appended to the run folder's trace file by `launch.prep.teacher_traces`.
 
@@ -135,10 +136,10 @@ class LiveTeacher:
             self.todo.extendleft(reversed(batch))  # unfinished (or failed) prompts first, in their order
 
     async def _trace(self, engine, i: int) -> tuple[list[int], str]:
-        from actors.engine import greedy_response
+        from actors.engine import one_response
 
-        ids = await greedy_response(engine, self.items[i].prompt_ids, self.cfg.rollout.max_response_tokens,
-                                    request_id=f"teacher-{i}-{time.monotonic_ns()}")
+        ids = await one_response(engine, self.items[i].prompt_ids, self.cfg.rollout,
+                                 request_id=f"teacher-{i}-{time.monotonic_ns()}")
         return ids, self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _keep(self, i: int, ids: list[int], text: str, scorer) -> None:
@@ -148,7 +149,7 @@ class LiveTeacher:
         rec = self.data.train_records[i]
         reward = score_all(scorer, [rec.question], [text], [rec.ground_truth],
                            [{**rec.extra_info, "data_source": rec.data_source}])[0]
-        if not self.counts.count(reward):
+        if not self.counts.count(reward, text):
             return
         eos = self.tokenizer.eos_token_id
         while ids and ids[-1] == eos:

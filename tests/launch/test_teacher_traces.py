@@ -42,9 +42,10 @@ def test_a_live_teacher_that_cannot_load_is_refused_before_start(tmp_path):
 
 def test_only_correct_traces_are_kept_and_all_are_counted():
     counts = TraceCounts(from_file=7)
-    kept = [counts.count(r) for r in (1.0, 0.0, 0.5, 1.0)]
-    assert kept == [True, False, False, True] and accepted(1.0) and not accepted(0.999)
-    assert counts.metrics() == {"demos/from_file": 7, "demos/from_teacher": 2, "demos/rejected": 2}
+    kept = [counts.count(r, t) for r, t in ((1.0, "a"), (0.0, "b"), (0.5, "c"), (1.0, "d"), (1.0, " \n"))]
+    assert kept == [True, False, False, True, False]  # the last: correct by the reward but empty (an eos at once)
+    assert accepted(1.0, "x") and not accepted(0.999, "x") and not accepted(1.0, "")
+    assert counts.metrics() == {"demos/from_file": 7, "demos/from_teacher": 2, "demos/rejected": 3}
 
 
 def test_appended_traces_read_back_as_demos(tmp_path):
