@@ -10,7 +10,8 @@ per queued training prompt
 (missing: those without a file trace; all: every one), `IN_FLIGHT` requests at a time, scored with the run's
 reward; kept, counted and appended to the run folder's trace file by `launch.prep.teacher_traces`.
 
-Faults: an engine that cannot start or dies (a request raises) is shut down and replaced, like an actor, and the
+Faults: an engine that cannot start or dies (a request raises, or a batch gets no answer within
+rollout.deadlines.group_s, 120 s when that is auto or null) is shut down and replaced, like an actor, and the
 prompts it had not finished go back to the front of the queue (nothing lost); after `MAX_RESTARTS` replacements
 in a row without a finished trace it stops with one line and the run goes on with the traces it has. A teacher
 that cannot load at all is refused before start (`launch.prep.preflight.check_teacher`).
@@ -32,6 +33,7 @@ import numpy as np
 from launch.prep.teacher_traces import TRACE_FILE, TraceCounts, TraceFile, trace_record
 
 IN_FLIGHT = 8  # teacher requests at once
+DEADLINE_S = 120.0  # a batch's wall budget when rollout.deadlines.group_s is auto or null (auto's floor)
 MAX_RESTARTS = 3  # engine replacements in a row without a finished trace before the teacher gives up
 
 
@@ -53,6 +55,8 @@ class LiveTeacher:
         self.counts = TraceCounts(from_file=len(data.demos))
         self.file = TraceFile(run_dir / TRACE_FILE, log)
         self.restarts = 0
+        group_s = cfg.rollout.deadlines.group_s  # a batch's wall budget: rollout.deadlines.group_s, else its floor
+        self.deadline_s = group_s if isinstance(group_s, float) else DEADLINE_S
         self._reward_fn = reward_fn
         self._ready: queue.Queue[tuple[int, np.ndarray, float]] = queue.Queue()
         self._stop = threading.Event()
@@ -124,7 +128,11 @@ class LiveTeacher:
         try:
             while self.todo and not self._stop.is_set():
                 batch = [self.todo.popleft() for _ in range(min(IN_FLIGHT, len(self.todo)))]
-                done = await asyncio.gather(*(self._trace(engine, i) for i in batch), return_exceptions=True)
+                try:
+                    done = await asyncio.wait_for(asyncio.gather(*(self._trace(engine, i) for i in batch),
+                                                                 return_exceptions=True), self.deadline_s)
+                except TimeoutError:  # an engine that stopped answering (a dead one may never say so)
+                    raise TimeoutError(f"no response to {len(batch)} requests in {self.deadline_s:g} s") from None
                 failed = [i for i, d in zip(batch, done) if isinstance(d, BaseException)]
                 for i, d in zip(batch, done):
                     if not isinstance(d, BaseException):
