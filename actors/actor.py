@@ -140,6 +140,14 @@ class RolloutActor:
 
         return self._call(get())
 
+    def set_demos(self, demos: dict) -> None:
+        """Demonstrations that arrived during the run ({prompt index: ids + eos}): this shard's prompts take them
+        (`actors.prompts.PromptCursor.set_demos`)."""
+        async def put():
+            self.core.cursor.set_demos(demos)
+
+        self._call(put())
+
     def requeue(self, keys: list) -> None:
         """Generate these (epoch, prompt) pairs of this actor's shard next (prompts a dead buffer lost)."""
         async def put():

@@ -339,10 +339,10 @@ class AsyncActor(WeightUpdates):
         self.outbox.put(group)
 
     async def make_group(self, item: PromptItem, epoch: int = 0) -> Group:
-        """Sample, score and package the group of one prompt (LUFFY rows included); `epoch` is the pass
-        over the shard the prompt came from (the driver's ledger keys prompts by (epoch, index))."""
+        """Sample, score and package one prompt's group (LUFFY rows included); `epoch`: its pass over the shard."""
         n = self.cfg.rollout.n
-        plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if self.luffy else plain_group_plan(n)
+        luffy = self.luffy and item.demo_ids is not None  # else on-policy rows (a live teacher's trace is pending)
+        plan = plan_group(self.cfg.luffy, n, self.version, self._ratio_rng) if luffy else plain_group_plan(n)
         if self.sampler.multiturn is None:
             (samples, ratios), prompt = await self.sampler.sample_group(item, plan), item.prompt_ids
         else:  # multi-turn rollouts (envs/): an environment's reset may set the prompt

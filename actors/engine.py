@@ -212,6 +212,20 @@ def build_engine(spec: EngineSpec):
     return engine
 
 
+async def one_response(engine, prompt_ids, rollout, request_id: str) -> list[int]:
+    """The token ids of one response to `prompt_ids`, sampled as the rollouts are (`rollout`: the run's
+    rollout section: temperature, top_p, top_k, max_response_tokens): a live teacher's trace
+    (`launch.processes.teacher_role`)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=1, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                            max_tokens=rollout.max_response_tokens, detokenize=False)
+    final = None
+    async for out in engine.generate({"prompt_token_ids": list(prompt_ids)}, params, request_id=request_id):
+        final = out
+    return [int(t) for t in final.outputs[0].token_ids]
+
+
 def kv_cache_tokens(engine) -> int | None:
     """Tokens of KV cache a started engine allocated: vLLM 0.32's front end holds the engine core's figure,
     `vllm_config.cache_config.num_gpu_blocks` (blocks, "gpu" on CPU engines too) × `block_size` (tokens

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,14 @@ class PromptCursor:
             if int(i) not in self._by_index:
                 raise ValueError(f"actor {self.actor_id}: prompt {i} is not in its shard")
             self._requeued.append((int(e), int(i)))
+
+    def set_demos(self, demos: dict) -> None:
+        """Give this shard's prompts these demonstrations ({prompt index: ids + eos}; others are not this
+        shard's): a live teacher's traces (`launch.processes.teacher_role`) arriving during the run."""
+        for k, it in enumerate(self.items):
+            if it.prompt_index in demos:
+                self.items[k] = self._by_index[it.prompt_index] = replace(
+                    it, demo_ids=tuple(int(t) for t in demos[it.prompt_index]))
 
     def _make_order(self) -> list[int]:
         order = list(range(len(self.items)))

@@ -89,9 +89,11 @@ class _SharedConfig(Section):
         (`AlgoSpec.validate`, in its options module)."""
         spec = algos.get(self.algo)
         n = self.rollout.n
-        if spec.needs_demonstrations and self.data.demos is None and self.data.task == "file":
+        if (spec.needs_demonstrations and self.data.demos is None and self.data.task == "file"
+                and self.teacher.live_traces == "off"):
             yield (f"data.demos: {self.algo} needs demonstrations but none were given — "
-                   "pass --demos FILE (parquet/JSONL with a `target` column)")
+                   "pass --demos FILE (parquet/JSONL with a `target` column), or have a teacher write them "
+                   "(teacher.path and teacher.live_traces=missing)")
         if spec.whole_groups_per_microbatch and self.learner.micro_batch_samples % n:
             yield (f"learner.micro_batch_samples: {self.algo} needs whole groups per micro-batch but "
                    f"{self.learner.micro_batch_samples} is not a multiple of rollout.n={n} — use "
@@ -126,6 +128,7 @@ class _SharedConfig(Section):
             yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
                    f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "
                    "learner.mini_batches or raise learner.batch_prompts")
+        yield from self._teacher_problems()
         yield from self._credit_problems(spec)
         yield from self._count_problems(spec)
         yield from env_problems(self)
@@ -134,6 +137,19 @@ class _SharedConfig(Section):
                    "every dropout off so that π_prox, recomputed at a step's start, equals the policy that trains "
                    "(docs/algorithms.md \"LoRA\")")
         yield from spec.validate(self)
+
+    def _teacher_problems(self):
+        """teacher.live_traces: the teacher writes LUFFY's traces, so it needs LUFFY and a teacher."""
+        live = self.teacher.live_traces
+        if live == "off":
+            return
+        if self.algo != "luffy":
+            yield (f"teacher.live_traces: {live} asks the teacher for LUFFY's traces but --algo {self.algo} reads "
+                   "none — set teacher.live_traces=off, or use --algo luffy")
+        if self.teacher.path is None:
+            yield (f"teacher.live_traces: {live} needs a teacher to write the traces and teacher.path is unset — "
+                   "set teacher.path to a local HF model directory or a Hub id in the local HF cache "
+                   "(--set teacher.path=DIR), or teacher.live_traces=off")
 
     def _credit_problems(self, spec):
         """The batch against the buffer's credit (`buffer.admission`). The buffer grants credit for at most

@@ -1,4 +1,5 @@
-"""The `teacher:` section: the frozen model that distillation (`--algo opd`) scores the student's tokens with.
+"""The `teacher:` section: the frozen model that distillation (`--algo opd`) scores the student's tokens with, and
+that LUFFY (`--algo luffy`) may ask for traces (`teacher.live_traces`).
 
 Where it is checked: `launch.prep.preflight` (it loads, and its tokenizer is the student's), `launch.state.storage`
 (made absolute; a Hub id becomes its cached snapshot), `launch.planning.memory_estimate` (its weights on every
@@ -6,6 +7,8 @@ learner rank). Where it runs: `learner.providers.TeacherLogprobs`, on the learne
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -19,3 +22,11 @@ class TeacherConfig(Section):
                           "tokenizer (vocabulary, special tokens, chat template: checked before start). It runs "
                           "frozen on every learner rank in model.dtype, sharded over the ranks like the reference "
                           "model (model.trust_remote_code applies to it too); null = no teacher")
+    live_traces: Literal["off", "missing", "all"] = Field(
+        "off", description="LUFFY only: which training prompts the teacher (teacher.path, on a vLLM engine of its own) "
+                           "writes a trace for while the run goes on. off = traces come from data.demos alone; "
+                           "missing = every training prompt with no trace in data.demos; all = every training prompt "
+                           "(a file trace is kept until the teacher's replaces it). One trace per prompt, checked by "
+                           "the run's reward: only non-empty traces scoring ≥ 1 are used and appended, one JSON line each in "
+                           "data.demos' layout, to teacher_traces.jsonl in the run folder, which a later run reads "
+                           "offline with --demos. Needs teacher.path and --algo luffy (refused before start)")

@@ -96,6 +96,7 @@ class Driver:
             if cfg.buffer.max_staleness_auto else None
         self._stop_requested = False
         self._reward_error_shown = False
+        self.teacher = None  # a `launch.processes.teacher_role.LiveTeacher` (teacher.live_traces), set by run_graph
 
     @property
     def version(self) -> int:
@@ -140,6 +141,18 @@ class Driver:
                 continue
             self.position.ledger.discard(self.client.last_pull["discarded"])  # settled by the buffer, not trained
             return groups, time.monotonic() - t0
+
+    def _hand_on_traces(self) -> None:
+        """The live teacher's traces kept since the last step go where a file's go: the run's demonstrations
+        (a restarted buffer is given them again), the buffer, every actor's prompts."""
+        if self.teacher is None or not (kept := self.teacher.take()):
+            return
+        demos = {i: ids for i, (ids, _) in kept.items()}
+        self.data.demos.update(demos)
+        self.data.demo_rewards.update({i: r for i, (_, r) in kept.items()})
+        self.recovery.call_on_live_buffer(lambda c: c.add_demos(demos, rewards={i: r for i, (_, r) in kept.items()}))
+        if self.graph.actors:
+            self.graph.set_demos(demos)
 
     def _train(self, groups: list) -> tuple[dict, float]:
         """One learner step on `groups`, recorded in the ledger: (the learner's metrics, seconds waited)."""
@@ -231,11 +244,14 @@ class Driver:
                 self.graph.start_rollouts()
                 clock = LoopClock()
                 while self.position.step < self.cfg.learner.steps:
+                    self._hand_on_traces()
                     groups, wait_s = self._pull()
                     learned, train_s = self._train(groups)
                     sync, sync_s, buffer = self._publish()
                     times = clock.lap(wait_s=wait_s, train_s=train_s, sync_s=sync_s)
                     driven = self._driver_row(groups, times, sync, buffer)
+                    if self.teacher is not None:
+                        driven |= self.teacher.metrics()
                     self._show_reward_error()
                     row = merge_rows(learner=learned, driver=driven, evaluation=(evaluated := self._cadence()))
                     self._retune(times, bool(evaluated))

@@ -112,7 +112,7 @@ def demonstration_file(cfg: RunConfig, run_dir: Path) -> Path | None:
     """The teacher/demonstration file of this run, writing the synthetic one if needed."""
     if cfg.data.demos:
         return Path(cfg.data.demos)
-    if cfg.data.task != "arithmetic":
+    if cfg.data.task != "arithmetic" or cfg.teacher.live_traces != "off":  # a live teacher writes them instead
         return None
     train, _ = make_splits(cfg.data.train_prompts, cfg.data.eval_prompts, seed=cfg.data.seed,
                            config=arithmetic_config(cfg))
@@ -240,8 +240,12 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
     if not train:
         raise DataError(f"no training prompt fits data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     data = RunData(train, held_out, train_recs, skipped)
+    live = cfg.teacher.live_traces != "off"  # a live teacher writes the traces the file lacks
     if need_demos:
         source = demonstration_file(cfg, run_dir)
+        if source is None and live:
+            log("[data] no teacher file: every trace comes from the live teacher (teacher.live_traces)")
+            return data
         if source is None:
             raise DataError("this algorithm needs demonstrations: pass --demos FILE")
         said = cfg.data.demos and cfg.data.demos != cfg.data.path  # a file's layout is logged once
@@ -262,7 +266,7 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
             "run's reward; their rows are trained with that score"
             + (f" ({errors} failed to score, first: {failed['reward_first_error']})" if errors else ""))
         data.train = [replace(it, demo_ids=tuple(int(t) for t in data.demos[it.prompt_index]))
-                      for it in train if it.prompt_index in data.demos]
+                      if it.prompt_index in data.demos else it for it in train if live or it.prompt_index in data.demos]
         if not data.train:
             raise DataError(f"{source}: no training prompt has a demonstration")
     return data

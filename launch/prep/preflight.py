@@ -28,7 +28,8 @@ It writes nothing. Checked, in order:
   data (`tasks.rewards.check_reward_fn`);
 - the files and plugins the algorithm names (`AlgoSpec.files`, e.g. PURE's step scorer): an HF directory
   with a tokenizer, or a function that loads;
-- teacher.path (algorithms that require the teacher's log-probs, `--algo opd`): set, an HF directory (or a
+- teacher.path (algorithms that require the teacher's log-probs, `--algo opd`, and LUFFY with
+  teacher.live_traces on): set, an HF directory (or a
   cached Hub id) whose config transformers reads, with a logit for every token id of the student, and the
   student's tokenizer (`launch.prep.teacher_check`: vocabulary, eos/bos, chat template).
 """
@@ -92,7 +93,7 @@ def preflight(cfg: RunConfig) -> None:
     for key, kind in spec.files(cfg):
         check_algorithm_file(cfg, key, kind)
     check_env(cfg, tokenizer)
-    if TEACHER in spec.requires(cfg):
+    if TEACHER in spec.requires(cfg) or cfg.teacher.live_traces != "off":  # it must load for either use
         check_teacher(cfg, tokenizer)
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise PreflightError("logging.wandb: the wandb package is not installed — `pip install wandb`, or set "
@@ -206,7 +207,7 @@ def check_demos(cfg: RunConfig, train: list, held_out: list = ()) -> None:
                              "training prompt (they are matched by question text) — give the teacher file of "
                              "the training data")
     problem = match.problem(path, cfg.data.min_demo_match)
-    if problem:
+    if problem and cfg.teacher.live_traces == "off":  # else the live teacher writes the missing ones
         raise PreflightError(problem)
 
 

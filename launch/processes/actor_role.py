@@ -47,6 +47,14 @@ class ActorRole(RolloutActor):
         if skip:
             self.core.cursor.skip(skip)
 
+    def set_demos(self, demos: dict) -> None:
+        """`RolloutActor.set_demos`, kept for a later reshard too."""
+        from dataclasses import replace
+
+        self._prompts = [replace(it, demo_ids=tuple(int(t) for t in demos[it.prompt_index]))
+                         if it.prompt_index in demos else it for it in self._prompts]
+        super().set_demos(demos)
+
     def reshard(self, num_actors: int, skip: list) -> None:
         """Take shard `actor_id::num_actors` of the prompts, walking it from the top past `skip` (every
         prompt the ledger and the buffer account for): the run's actor count changed

@@ -303,6 +303,16 @@ class ProcessGraph(LearnerRanks, Membership):
         actor at once (a successor still starting has delivered nothing)."""
         return dict(zip(self.live, self._get([self.actors[i].delivered_since.remote(wall_time) for i in self.live])))
 
+    def set_demos(self, demos: dict) -> None:
+        """Every live actor's prompts take these demonstrations (a live teacher's traces), and so do the
+        training prompts a later actor (a dead one's successor) starts from."""
+        from dataclasses import replace
+
+        self.data.train = [replace(it, demo_ids=tuple(int(t) for t in demos[it.prompt_index]))
+                           if it.prompt_index in demos else it for it in self.data.train]
+        self._train = self.data.train if self.serial else self._ray.put(self.data.train)
+        self._get([self.actors[i].set_demos.remote(demos) for i in self.live])
+
     def requeue(self, keys_by_actor: dict[int, list]) -> None:
         self._get([self.actors[i].requeue.remote(keys) for i, keys in keys_by_actor.items() if keys])
 

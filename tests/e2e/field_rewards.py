@@ -20,3 +20,10 @@ def group_parity(prompts, completions, ground_truth, **kwargs):
     that tells a whole group (rollout.n completions a call) from one-element calls (every sum a multiple of 1)."""
     return [float((len(c) + len(g) + len(i)) % len(completions) == 0)
             for c, g, i in zip(completions, ground_truth, kwargs["id"])]
+
+
+def odd_length(data_source, solution_str, ground_truth, extra_info=None):
+    """1.0 when response and ground truth have an odd number of characters together: a deterministic reward
+    that keeps some of an untrained teacher's traces and rejects others, so `test_live_teacher_e2e.py` can
+    recompute which."""
+    return float((len(solution_str) + len(ground_truth)) % 2 == 1)
