@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -34,6 +35,14 @@ def adapter_config(lora, base_model: str) -> dict:
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base_model),
             "r": lora.rank, "lora_alpha": lora.alpha if lora.alpha is not None else lora.rank,
             "target_modules": list(lora.target_modules), "lora_dropout": 0.0, "bias": "none"}
+
+
+def engine_adapters(cfg, engine, name: str, model_dir: str) -> AdapterPins | None:
+    """The adapters of an actor's engine when the run's pushes are adapters (`model.lora.sync: adapter`), kept in
+    a scratch folder of its own; None otherwise."""
+    if not cfg.model.lora.adapter_sync:
+        return None
+    return AdapterPins(engine, Path(tempfile.mkdtemp(prefix=f"{name}-lora-")), adapter_config(cfg.model.lora, model_dir))
 
 
 def lora_id(version: int) -> int:

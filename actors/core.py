@@ -17,15 +17,14 @@ Why `prompts_in_flight` prompts at once: the engine batches all running requests
 in flight keep it busy while one group is being scored or pushed. `auto` is sized once the engine is up,
 from the KV tokens it reports and the actor's share of the credit (`actors.occupancy`, `configs.concurrency`).
 
-Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> load -> resume, on this
-actor's engine, while its requests stay in flight). Per-token versions come from the engine itself
-(see `actors.rows`). After a failed or aborted push the engine serves weights of no version until
-the next complete push: the actor starts no prompt meanwhile, and groups sampled (in part) under no
-version are dropped and counted (`groups_no_version`), as are groups stalled past `rollout.deadlines.retries`
-(`groups_requeued`); both prompts go back into the shard, generated again (a failed rollout is counted in
-`groups_failed` and not re-queued: a fault of the prompt itself would come back every time). A wedged engine (`actors.deadlines`) stops the
-actor's prompts and is reported as `engine_dead` (why), which the driver's health check replaces. This class is free of Ray and of threads: `actors.actor.RolloutActor` runs it
-on a private event loop for synchronous callers.
+Weight updates go through `weightsync.receiver.WeightReceiver` (pause keep -> load -> resume, requests staying in
+flight; a LoRA run's adapter pushes pause nothing, each request keeps its version's adapter: `actors.adapters`).
+Per-token versions come from the engine (`actors.rows`). After a failed or aborted push the engine serves weights of
+no version until the next complete push: no prompt starts meanwhile. Groups sampled under no version
+(`groups_no_version`) or stalled past `rollout.deadlines.retries` (`groups_requeued`) go back into the shard; a
+failed rollout is counted (`groups_failed`), not re-queued (a fault of the prompt would come back every time). A
+wedged engine (`actors.deadlines`) stops the actor's prompts and is reported as `engine_dead`, which the driver's
+health check replaces. Free of Ray and threads: `actors.actor.RolloutActor` runs it on a private event loop.
 """
 
 from __future__ import annotations
@@ -36,16 +35,14 @@ import logging
 import os
 import random
 import sys
-import tempfile
 import time
 import uuid
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 
 import algos
-from actors.adapters import AdapterPins, adapter_config
+from actors.adapters import engine_adapters
 from actors.engine import EngineSpec, build_engine, shutdown_engine
 from actors.generate import GroupDropped, GroupSampler, SamplingSettings
 from actors.link import Backoff, BufferDown, BufferLink, ClientFactory, Outbox
@@ -96,12 +93,10 @@ class AsyncActor(WeightUpdates):
         self._delivered: deque[tuple[float, tuple[int, int]]] = deque(maxlen=DELIVERED_KEPT)
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-        self._run_task: asyncio.Task | None = None
-        self._push_task: asyncio.Task | None = None
-        self._follow_task: asyncio.Task | None = None
-        self.counts = {"groups_started": 0, "groups_acked": 0, "groups_failed": 0, "samples": 0,
-                       "credit_requests": 0, "credit_denied": 0, "weight_updates": 0, "groups_no_version": 0,
-                       "sent_tokens": 0, "mixed_version_tokens": 0, "groups_requeued": 0}
+        self._run_task = self._push_task = self._follow_task = None  # asyncio.Task each, once started
+        self.counts = dict.fromkeys(("groups_started", "groups_acked", "groups_failed", "samples", "credit_requests",
+                                     "credit_denied", "weight_updates", "groups_no_version", "sent_tokens",
+                                     "mixed_version_tokens", "groups_requeued"), 0)
         self.times = {"credit_wait_s": 0.0, "generate_s": 0.0, "weight_update_s": 0.0, "weight_pause_s": 0.0,
                       "no_version_s": 0.0}
         self._t_start = None
@@ -124,9 +119,7 @@ class AsyncActor(WeightUpdates):
             self.version = int(label)
         else:
             await self.engine.update_weight_version(str(self.version))
-        if self.cfg.model.lora.adapter_sync:  # pushes are adapters, pinned per request (actors.adapters)
-            self.adapters = AdapterPins(self.engine, Path(tempfile.mkdtemp(prefix=f"{self.name}-lora-")),
-                                        adapter_config(self.cfg.model.lora, self.spec.model_dir))
+        self.adapters = engine_adapters(self.cfg, self.engine, self.name, self.spec.model_dir)  # LoRA pushes
         r = self.cfg.rollout
         self.sampler = GroupSampler(
             self.engine, tokenizer,
@@ -166,12 +159,11 @@ class AsyncActor(WeightUpdates):
                 await self.receiver.close()
             except Exception:
                 logger.exception("%s: closing the weight receiver failed", self.name)
-        if self.sampler is not None:
-            self.sampler.close()
+        for part in (self.sampler, self.adapters):  # reward/turn threads; adapters' scratch folder
+            if part is not None:
+                part.close()
         if self._owns_engine:
             shutdown_engine(self.engine)
-        if self.adapters is not None:
-            self.adapters.close()
         self.engine = None
         self.link.close()
         self.credit_link.close()
