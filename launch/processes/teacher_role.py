@@ -46,7 +46,7 @@ class LiveTeacher:
         from actors.prompts import load_tokenizer
 
         self.cfg, self.data, self.log = cfg, data, log
-        self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=999, weight_transfer=False)
+        self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=999, weight_transfer=False, lora_rank=0)
         self.tokenizer = load_tokenizer(str(teacher_dir), cfg.model.trust_remote_code)
         self.items = {it.prompt_index: it for it in data.train}
         every = sorted(self.items)
