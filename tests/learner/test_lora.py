@@ -32,7 +32,7 @@ def _data(tokenizer, steps: int):
 
 
 def test_adapters_train_on_a_frozen_base_and_the_reference_is_the_base(tiny_dir, tokenizer):
-    cfg = _cfg()
+    cfg = _cfg(sync="merged")  # pushes carry the merged model: the weights below are what engines would serve
     learner = Learner(cfg, 0, 1, tiny_dir)
     base = {k: v.double().numpy() for k, v in load_file(str(tiny_dir / "model.safetensors")).items()}
     # only A and B train: 2 layers × 3 targets × (A, B) = 12 tensors, and the optimiser holds nothing else
@@ -61,6 +61,15 @@ def test_adapters_train_on_a_frozen_base_and_the_reference_is_the_base(tiny_dir,
             expected, _ = frozen(**mb.inputs())
         torch.testing.assert_close(ref, expected, atol=1e-6, rtol=0)
     assert learner.policy.top_p == cfg.rollout.top_p  # the reference's untruncated distribution was temporary
+    # an adapter push (model.lora.sync: adapter, the default) carries the 12 adapter tensors alone, in peft's names
+    from learner.lora import adapter_weights
+
+    pushed = dict(adapter_weights(learner.policy, torch.float32))
+    assert len(pushed) == 12 and all(n.startswith("base_model.model.model.layers.") and
+                                     n.endswith((".lora_A.weight", ".lora_B.weight")) for n in pushed), sorted(pushed)
+    a = pushed["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    assert a.shape[0] == 4 and a.data_ptr() != dict(learner.policy.named_parameters())[
+        "lm.base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"].data_ptr()  # a new tensor
 
 
 def test_resume_from_an_adapter_checkpoint_is_exact(tiny_dir, tokenizer, tmp_path):
@@ -96,7 +105,7 @@ def test_export_is_a_peft_adapter_and_a_merged_model(tiny_dir, tokenizer, tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    learner = Learner(_cfg(export_merged=True), 0, 1, tiny_dir)
+    learner = Learner(_cfg(export_merged=True, sync="merged"), 0, 1, tiny_dir)
     for s, d in enumerate(_data(tokenizer, 2)):
         learner.step(d, version=s)
     out = export_hf(learner.save(tmp_path / "ckpt"), tmp_path / "hf")
