@@ -117,6 +117,12 @@ def shard(items: Sequence[PromptItem], actor_id: int, num_actors: int) -> list[P
     return list(items[actor_id::num_actors])
 
 
+def with_demos(items: Sequence[PromptItem], demos: dict) -> list[PromptItem]:
+    """`items`, each whose prompt index `demos` holds ({prompt index: ids + eos}) with that demonstration."""
+    return [replace(it, demo_ids=tuple(int(t) for t in demos[it.prompt_index])) if it.prompt_index in demos else it
+            for it in items]
+
+
 class PromptCursor:
     """Endless iterator over a shard, reshuffled every epoch (module docstring: resuming = `skip`)."""
 
@@ -147,10 +153,8 @@ class PromptCursor:
     def set_demos(self, demos: dict) -> None:
         """Give this shard's prompts these demonstrations ({prompt index: ids + eos}; others are not this
         shard's): a live teacher's traces (`launch.processes.teacher_role`) arriving during the run."""
-        for k, it in enumerate(self.items):
-            if it.prompt_index in demos:
-                self.items[k] = self._by_index[it.prompt_index] = replace(
-                    it, demo_ids=tuple(int(t) for t in demos[it.prompt_index]))
+        self.items = with_demos(self.items, demos)
+        self._by_index.update((it.prompt_index, it) for it in self.items if it.prompt_index in demos)
 
     def _make_order(self) -> list[int]:
         order = list(range(len(self.items)))

@@ -25,12 +25,12 @@ Demonstration token ids end with the tokenizer's eos: a ρ = 1 LUFFY row is the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from actors.prompts import PromptItem, PromptStyle, items_from_records
+from actors.prompts import PromptItem, PromptStyle, items_from_records, with_demos
 from configs.data_section import is_template_file
 from configs.schema import RunConfig
 from tasks import ArithmeticConfig, make_splits, problem_records, write_teacher_file
@@ -265,8 +265,7 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
         log(f"[data] {data.demos_below_one} of {len(data.demos)} demonstrations from {source} score < 1 with the "
             "run's reward; their rows are trained with that score"
             + (f" ({errors} failed to score, first: {failed['reward_first_error']})" if errors else ""))
-        data.train = [replace(it, demo_ids=tuple(int(t) for t in data.demos[it.prompt_index]))
-                      if it.prompt_index in data.demos else it for it in train if live or it.prompt_index in data.demos]
+        data.train = with_demos([it for it in train if live or it.prompt_index in data.demos], data.demos)
         if not data.train:
             raise DataError(f"{source}: no training prompt has a demonstration")
     return data

@@ -49,10 +49,9 @@ class ActorRole(RolloutActor):
 
     def set_demos(self, demos: dict) -> None:
         """`RolloutActor.set_demos`, kept for a later reshard too."""
-        from dataclasses import replace
+        from actors.prompts import with_demos
 
-        self._prompts = [replace(it, demo_ids=tuple(int(t) for t in demos[it.prompt_index]))
-                         if it.prompt_index in demos else it for it in self._prompts]
+        self._prompts = with_demos(self._prompts, demos)
         super().set_demos(demos)
 
     def reshard(self, num_actors: int, skip: list) -> None:

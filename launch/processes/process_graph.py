@@ -306,10 +306,9 @@ class ProcessGraph(LearnerRanks, Membership):
     def set_demos(self, demos: dict) -> None:
         """Every live actor's prompts take these demonstrations (a live teacher's traces), and so do the
         training prompts a later actor (a dead one's successor) starts from."""
-        from dataclasses import replace
+        from actors.prompts import with_demos
 
-        self.data.train = [replace(it, demo_ids=tuple(int(t) for t in demos[it.prompt_index]))
-                           if it.prompt_index in demos else it for it in self.data.train]
+        self.data.train = with_demos(self.data.train, demos)
         self._train = self.data.train if self.serial else self._ray.put(self.data.train)
         self._get([self.actors[i].set_demos.remote(demos) for i in self.live])
 
