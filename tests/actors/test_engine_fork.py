@@ -3,7 +3,7 @@ VLLM_WORKER_MULTIPROC_METHOD=spawn keep vLLM's spawn, and outside Ray vLLM forks
 process shows vLLM's title in `ps` although Ray has taken over the worker's argv, and it lets go of the
 actor's sockets: a SIGKILLed actor is known dead to Ray at once (a child holding the worker's raylet
 connection hid the death until the caller's own deadline), and Ray then reaps the child. (A whole engine forked from an actor: every end-to-end run; its
-death with the actor: tests/e2e/test_actor_restart_e2e.py.)"""
+death with the actor: tests/e2e/test_fleet_e2e.py.)"""
 
 from __future__ import annotations
 

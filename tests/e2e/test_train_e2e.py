@@ -100,7 +100,7 @@ def check_group_parity(out, assets: RealAssets) -> None:
 
 
 # Where each algorithm runs end to end: grpo across two hosts (tests/cluster) and in the quick-start, rloo
-# in test_actor_restart_e2e.py, pacs --serial (test_serial_e2e.py), pure in the Ctrl-C run below, prime
+# in test_fleet_e2e.py, pacs --serial (test_serial_e2e.py), pure in the Ctrl-C run below, prime
 # and luffy here, at the same time.
 def test_two_runs_at_once_prime_and_luffy_both_finish(tmp_path, real_assets):
     """Two users' runs on one machine at once, each with 2 actors under a local Ray of its own: ports, Ray

@@ -1,5 +1,5 @@
 """The driver's recovery from a dead actor, against a real buffer process and a stand-in process graph
-(the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`): what the successor
+(the whole thing, with Ray and vLLM, is `tests/e2e/test_fleet_e2e.py`): what the successor
 skips (the ledger: trained, discarded, held), that the dead actor's credit is released, that the
 successor starts in the background while the others' weight sync is re-formed and training goes on,
 the order of admission (engine up -> weight-sync group -> push -> rollouts), that a weight push failed by

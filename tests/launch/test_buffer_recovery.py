@@ -1,7 +1,7 @@
 """A buffer process that dies is restarted by the driver (`launch.state.buffer_keeper`): at the same address,
 from its latest snapshot minus what was trained since, with the prompts it lost re-queued to their
 actors. Real buffer processes, killed with SIGKILL; the process graph is the stand-in of
-`test_actor_recovery` (the whole thing, with Ray and vLLM, is `tests/e2e/test_actor_restart_e2e.py`)."""
+`test_actor_recovery` (the whole thing, with Ray and vLLM, is `tests/e2e/test_fleet_e2e.py`)."""
 
 from __future__ import annotations
 

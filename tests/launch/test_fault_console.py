@@ -7,7 +7,7 @@ supervises) runs in a subprocess, with the run's console set-up and a real local
 stand-ins (a whole learner would only make this slower) writing to their logs as ranks do
 (`launch.processes.roles.to_log_file`). Rank 1 is SIGKILLed in the middle of a step. The launcher's half (what
 `launch.commands.train` says once the child has exited) runs here, on what the child left. The actor and buffer
-kills are asserted on a real run's console in `tests/e2e/test_actor_restart_e2e.py`.
+kills are asserted on a real run's console in `tests/e2e/test_fleet_e2e.py`.
 
 Run as `python -m tests.launch.test_fault_console SPEC RUN_DIR`, this module is that child.
 """
