@@ -1,6 +1,7 @@
-"""End to end: `algo-train` runs PRIME and LUFFY at the same time (two runs on one machine), and PURE with
-two learner ranks, a stranger probing its ports, Ctrl-C and `--resume` (no prompt trained twice); each
-with 2 real vLLM actors (Ray), a real buffer process, a real FSDP learner and real weight sync.
+"""End to end: `algo-train` runs PRIME and LUFFY at the same time (two runs on one machine, one real vLLM actor
+each), and PURE with two learner ranks and 2 actors, a stranger probing its ports, Ctrl-C and `--resume` (no
+prompt trained twice); each with its actors under Ray, a real buffer process, a real FSDP learner and real
+weight sync.
 
 Every run here is a user's run with their own model and data (`tests.e2e.real_model`, built once per
 session in seconds, nothing downloaded): `--model` a random-init Qwen2 (head_dim 64, grouped-query
@@ -103,8 +104,9 @@ def check_group_parity(out, assets: RealAssets) -> None:
 # in test_fleet_e2e.py, pacs --serial (test_serial_e2e.py), pure in the Ctrl-C run below, prime
 # and luffy here, at the same time.
 def test_two_runs_at_once_prime_and_luffy_both_finish(tmp_path, real_assets):
-    """Two users' runs on one machine at once, each with 2 actors under a local Ray of its own: ports, Ray
-    clusters, tokens and caches do not collide, and each run checks out as if it had run alone. LUFFY starts
+    """Two users' runs on one machine at once, each with an actor under a local Ray of its own: ports, Ray
+    clusters, tokens and caches do not collide, and each run checks out as if it had run alone (one actor each:
+    several actors per run are the Ctrl-C run's, tests/e2e/test_fleet_e2e.py's and tests/cluster's). LUFFY starts
     once PRIME's Ray is up (two Rays starting in the same seconds on a loaded 2-core machine can miss Ray's
     fixed 30 s raylet registration; `launch.planning.cluster.start_local_ray` retries once)."""
     runs = {}
@@ -116,7 +118,7 @@ def test_two_runs_at_once_prime_and_luffy_both_finish(tmp_path, real_assets):
                     and time.monotonic() < deadline:
                 time.sleep(0.5)
         out, log = tmp_path / algo, tmp_path / f"{algo}.log"
-        argv = command(out, None, "--algo", algo, "--actors", "2", "--steps", "3", "--max-staleness", "1",
+        argv = command(out, None, "--algo", algo, "--actors", "1", "--steps", "3", "--max-staleness", "1",
                        *user_args(real_assets, *algo_args(algo, real_assets)))
         with open(log, "w") as sink:
             runs[algo] = (out, log, subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, text=True,
