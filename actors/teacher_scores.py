@@ -2,12 +2,15 @@
 temperature, and which of vLLM's prompt log-probs are the response's.
 
 What is scored, exactly as `learner.providers.TeacherLogprobs` scores it on the learner ranks: the row's prompt and
-response token ids as they are, one request each (`score_request`), whose prompt log-probs (`prompt_logprobs=0`:
-the log-prob of each given token after the ones before it, nothing sampled that matters: `max_tokens=1`) at the
-response's positions are log-softmax(logits / T)[y_t] with T = rollout.temperature and no top-k/top-p. Response
-token t is prompt position P + t of the request, so its log-prob is entry P + t of vLLM's list (entry 0, the first
-prompt token, has none) (`response_logprobs`). Environment tokens of a multi-turn row are scored like any token;
-the learner's response_mask zeroes them, as it zeroes the learner-side teacher's.
+response token ids as they are, log-softmax(logits / T)[y_t] of each response token y_t after the ones before it,
+T = rollout.temperature, no top-k/top-p. One request per row (`score_request`): its prompt is the row's prompt and
+response but the last token, P + T − 1 ids, and it generates one token. Response token t < T − 1 is then prompt
+position P + t, whose log-prob is vLLM's prompt log-prob entry P + t (`prompt_logprobs=0`: each given token's own;
+entry 0, the first prompt token, has none); the last response token is the one the request would generate, whose
+log-prob vLLM returns for a named token (`logprob_token_ids`), whatever it samples: the sampler's log-softmax at
+temperature 1 with no top-k/top-p, of the same logits (`response_logprobs`). So a row as long as the whole context (max_model_len) is scored within it. Environment tokens
+of a multi-turn row are scored like any token; the learner's response_mask zeroes them, as it zeroes the
+learner-side teacher's.
 
 The temperature: vLLM's prompt log-probs skip the sampler (no temperature, whatever `logprobs_mode`; vLLM 0.32
 `gpu_model_runner._get_prompt_logprobs_dict` log-softmaxes the model's logits as they are). So a scoring engine
@@ -40,22 +43,26 @@ class TemperedLogits:
 
 
 def score_request(prompt, response) -> tuple[list[int], object]:
-    """The token ids and sampling parameters of one row's scoring request."""
+    """The prompt ids and sampling parameters of one row's scoring request (a response of at least one token)."""
     from vllm import SamplingParams
 
+    ids = [int(t) for t in prompt] + [int(t) for t in response[:-1]]
+    return ids, SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, logprob_token_ids=[int(response[-1])],
+                               detokenize=False)
+
+
+def response_logprobs(prompt_logprobs, last, prompt, response) -> np.ndarray:
+    """float32 [len(response)]: the log-prob of each response token, from vLLM's answer to `score_request`:
+    `prompt_logprobs` (entry k: {token id: Logprob} for prompt position k, None at k = 0) and `last`, the
+    generated position's {token id: Logprob} holding the last response token's."""
     ids = [int(t) for t in prompt] + [int(t) for t in response]
-    return ids, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-
-
-def response_logprobs(prompt_logprobs, ids: list[int], prompt_len: int) -> np.ndarray:
-    """float32 [len(ids) − prompt_len]: the log-prob of each response token, from vLLM's prompt log-probs of
-    `ids` (entry k: {token id: Logprob} for position k, None at k = 0)."""
-    if prompt_logprobs is None or len(prompt_logprobs) != len(ids):
+    p, n = len(prompt), len(ids) - 1  # n: the request's prompt length
+    if prompt_logprobs is None or len(prompt_logprobs) != n:
         got = None if prompt_logprobs is None else len(prompt_logprobs)
-        raise RuntimeError(f"the teacher's engine returned {got} prompt log-probs for {len(ids)} tokens")
-    out = np.empty(len(ids) - prompt_len, dtype=np.float32)
-    for t, k in enumerate(range(prompt_len, len(ids))):
-        entry = prompt_logprobs[k]
+        raise RuntimeError(f"the teacher's engine returned {got} prompt log-probs for {n} tokens")
+    entries = [*prompt_logprobs[p:], last]
+    out = np.empty(len(response), dtype=np.float32)
+    for t, (k, entry) in enumerate(zip(range(p, len(ids)), entries)):
         if entry is None or ids[k] not in entry:
             raise RuntimeError(f"the teacher's engine gave no log-prob for token {ids[k]} at position {k}")
         out[t] = entry[ids[k]].logprob
@@ -64,8 +71,12 @@ def response_logprobs(prompt_logprobs, ids: list[int], prompt_len: int) -> np.nd
 
 async def score_row(engine, prompt, response, request_id: str) -> np.ndarray:
     """float32 [len(response)]: log π_teacher of each response token of one row (module docstring)."""
+    if len(response) == 0:
+        return np.zeros(0, dtype=np.float32)
     ids, params = score_request(prompt, response)
     final = None
     async for out in engine.generate({"prompt_token_ids": ids}, params, request_id=request_id):
         final = out
-    return response_logprobs(final.prompt_logprobs if final is not None else None, ids, len(prompt))
+    if final is None or not final.outputs or not final.outputs[0].logprobs:
+        raise RuntimeError("the teacher's engine returned no log-probs for a scoring request")
+    return response_logprobs(final.prompt_logprobs, final.outputs[0].logprobs[0], prompt, response)

@@ -46,10 +46,8 @@ class TeacherScorer:
 
         self.log = log
         self.temperature = float(cfg.rollout.temperature)
-        # a row is prompt + response, at most max_model_len; the request asks for one more token (max_tokens=1)
-        max_len = cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens + 1
         self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=998, weight_transfer=False, lora_rank=0,
-                                           max_model_len=max_len, extra={"worker_extension_cls": TEMPERED_LOGITS})
+                                           extra={"worker_extension_cls": TEMPERED_LOGITS})
         group_s = cfg.rollout.deadlines.group_s
         self.deadline_s = group_s if isinstance(group_s, float) else DEADLINE_S
         self.restarts = 0

@@ -17,36 +17,44 @@ from learner.batching import rows_from_groups
 from learner.providers import EngineTeacherLogprobs, ProviderContext
 
 
-def vllm_prompt_logprobs(ids: list[int], value) -> list:
-    """vLLM's prompt_logprobs of `ids` at prompt_logprobs=0: None for the first token, then {its id: Logprob}
-    (here with logprob value(k), and one more top entry that must not be read)."""
-    return [None] + [{ids[k]: Logprob(value(k), rank=2), 99: Logprob(-0.01, rank=1)} for k in range(1, len(ids))]
+def vllm_answer(prompt: list[int], response: list[int], value) -> tuple[list, dict]:
+    """vLLM's answer to `score_request(prompt, response)` (prompt_logprobs=0, logprob_token_ids=[last]): None for
+    the first prompt token, then {its id: Logprob} for each of prompt + response[:-1], with logprob value(k) (and
+    one more top entry that must not be read); for the generated position, the last response token's."""
+    ids = prompt + response
+    entries = [None] + [{ids[k]: Logprob(value(k), rank=2), 99: Logprob(-0.01, rank=1)} for k in range(1, len(ids) - 1)]
+    return entries, {ids[-1]: Logprob(value(len(ids) - 1), rank=3), 98: Logprob(-0.02, rank=1)}
 
 
-def test_the_request_is_the_row_as_it_is_and_samples_nothing_that_matters():
+def test_the_request_is_the_row_but_its_last_token_which_is_scored_as_the_next():
     ids, params = score_request(np.array([5, 6, 7]), np.array([8, 9]))
-    assert ids == [5, 6, 7, 8, 9]  # prompt + response ids, unchanged
-    assert (params.max_tokens, params.prompt_logprobs, params.temperature) == (1, 0, 1.0)
+    assert ids == [5, 6, 7, 8]  # prompt + response ids as they are, but the last: its log-prob is the next token's
+    assert (params.max_tokens, params.prompt_logprobs, params.logprob_token_ids, params.temperature) == (1, 0, [9], 1.0)
+    assert params.top_k in (0, -1, None) and params.top_p == 1.0  # the untruncated log-softmax
     assert params.skip_reading_prefix_cache  # vLLM's own rule for prompt log-probs: every position is computed
 
 
-def test_response_token_t_is_prompt_position_p_plus_t():
-    # prompt of 3, response of 4: response token t is entry 3 + t; here entry k holds −k/10, so the response's
-    # log-probs are −0.3, −0.4, −0.5, −0.6 (entries 0..2, the prompt's, are not the response's)
-    ids = [5, 6, 7, 10, 11, 12, 13]
-    got = response_logprobs(vllm_prompt_logprobs(ids, lambda k: -k / 10), ids, prompt_len=3)
+def test_response_token_t_is_prompt_position_p_plus_t_and_the_last_is_the_generated_position():
+    # prompt of 3, response of 4: response token t is position 3 + t; here position k's log-prob is −k/10, so the
+    # response's are −0.3, −0.4, −0.5 (prompt entries 3..5) and −0.6 (the generated position's named token)
+    prompt, response = [5, 6, 7], [10, 11, 12, 13]
+    got = response_logprobs(*vllm_answer(prompt, response, lambda k: -k / 10), prompt, response)
     np.testing.assert_array_equal(got, np.float32([-0.3, -0.4, -0.5, -0.6]))
     assert got.dtype == np.float32
+    one = response_logprobs(*vllm_answer([5], [10], lambda k: -k / 10), [5], [10])  # a row of one and one token
+    np.testing.assert_array_equal(one, np.float32([-0.1]))
 
 
 def test_a_short_or_missing_answer_is_named():
-    ids = [5, 6, 7, 8]
-    with pytest.raises(RuntimeError, match="returned 3 prompt log-probs for 4 tokens"):
-        response_logprobs(vllm_prompt_logprobs(ids, lambda k: -1.0)[:3], ids, 2)
-    bad = vllm_prompt_logprobs(ids, lambda k: -1.0)
-    bad[3] = {99: Logprob(-0.1)}
+    prompt, response = [5, 6], [7, 8]
+    entries, last = vllm_answer(prompt, response, lambda k: -1.0)
+    with pytest.raises(RuntimeError, match="returned 2 prompt log-probs for 3 tokens"):
+        response_logprobs(entries[:2], last, prompt, response)
+    entries[2] = {99: Logprob(-0.1)}
+    with pytest.raises(RuntimeError, match="no log-prob for token 7 at position 2"):
+        response_logprobs(entries, last, prompt, response)
     with pytest.raises(RuntimeError, match="no log-prob for token 8 at position 3"):
-        response_logprobs(bad, ids, 2)
+        response_logprobs(vllm_answer(prompt, response, lambda k: -1.0)[0], {98: Logprob(-0.1)}, prompt, response)
 
 
 def ctx_of(rows) -> ProviderContext:

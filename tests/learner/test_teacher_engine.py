@@ -15,6 +15,7 @@ import torch
 
 from actors.host import EngineHost
 from algos.spec import TEACHER
+from buffer.records import Sample
 from launch.processes.teacher_scorer import TeacherScorer
 from learner import batching
 from learner.learner import Learner
@@ -38,13 +39,20 @@ def scorer(teacher_dir):
     s.close()
 
 
-def rows_with_env(tokenizer) -> list:
-    """Two groups of four; sample 1 of group 0 is a multi-turn row: its tokens 2..5 are an environment's."""
+def rows_at_the_edges(tokenizer, cfg) -> list:
+    """Two groups of four; sample 1 of group 0 is a multi-turn row (its tokens 2..5 are an environment's), and
+    sample 2 of group 1 fills the whole context (prompt + response = max_model_len: vLLM takes no prompt that long
+    with a token to generate, so its last token must be scored as the generated one)."""
     groups = make_groups(tokenizer, 2, 4)
     s = groups[0].samples[1]
     s.env_mask = np.zeros(len(s.tokens), dtype=bool)
     s.env_mask[2:6] = True
     s.versions[2:6], s.logprobs[2:6] = -1, 0.0
+    g = groups[1]
+    t = cfg.data.max_prompt_tokens + cfg.rollout.max_response_tokens - len(g.prompt_tokens)
+    g.samples[2] = Sample(tokens=np.resize(g.samples[0].tokens, t),  # real ids, repeated to fill the context
+                          logprobs=np.full(t, -1.0, np.float32), versions=np.zeros(t, np.int32),
+                          prefix_mask=np.zeros(t, bool), reward=0.0)
     return groups
 
 
@@ -91,10 +99,12 @@ def test_a_failed_engine_is_replaced_and_the_batch_scored_again(scorer, tokenize
 def test_engine_scores_equal_the_learner_side_teacher(scorer, tiny_dir, teacher_dir, tokenizer, temperature):
     # log-softmax(logits / T)[y_t] of every response token: vLLM's prompt log-probs on the tempered engine against
     # the learner's fp32 forward of the same teacher; environment tokens (group 0, sample 1) are masked to 0 by both
-    groups = rows_with_env(tokenizer)
+    cfg = opd_cfg(teacher_dir, "learner", temperature)
+    groups = rows_at_the_edges(tokenizer, cfg)
+    assert scorer.spec.max_model_len == len(groups[1].prompt_tokens) + len(groups[1].samples[2].tokens)
     with tempered(scorer, temperature):
         scorer.score(groups)
-    learner = Learner(opd_cfg(teacher_dir, "learner", temperature), 0, 1, tiny_dir)
+    learner = Learner(cfg, 0, 1, tiny_dir)
     ctx = context(learner, groups)
     want = learner.providers[TEACHER](ctx)[TEACHER]
     got = EngineTeacherLogprobs()(ctx)[TEACHER]
