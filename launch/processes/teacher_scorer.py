@@ -5,7 +5,7 @@ Where it runs: in the driver's process, its engine on an `actors.host.EngineHost
 vLLM's subprocess, as an actor's and the live teacher's are), started with the actors so that its start-up
 overlaps theirs and the learner's. What it does: `score(groups)` is called by the driver on each batch it pulled,
 before the learner step; every sample of every group gets `Sample.teacher_logprobs` (float32 [T], what
-`actors.teacher_scores` says: log-softmax(logits / rollout.temperature) of each response token, exactly the
+`launch.processes.teacher_scores` says: log-softmax(logits / rollout.temperature) of each response token, exactly the
 learner-side teacher's), which travels to the learner ranks with the groups and is read there by
 `learner.providers.EngineTeacherLogprobs`.
 
@@ -42,7 +42,7 @@ class TeacherScorer:
 
     def __init__(self, cfg, teacher_dir: str | Path, log: Callable[[str], None] = print):
         from actors.engine import EngineSpec
-        from actors.teacher_scores import TEMPERED_LOGITS
+        from launch.processes.teacher_scores import TEMPERED_LOGITS
 
         self.log = log
         self.temperature = float(cfg.rollout.temperature)
@@ -132,7 +132,7 @@ class TeacherScorer:
                 host.close()
 
     async def _score_all(self, engine, samples: list) -> list[np.ndarray]:
-        from actors.teacher_scores import score_row
+        from launch.processes.teacher_scores import score_row
 
         tag = time.monotonic_ns()
         jobs = [score_row(engine, prompt, s.tokens, request_id=f"teacher-score-{tag}-{i}")

@@ -9,10 +9,11 @@ import pytest
 import torch
 from vllm.logprobs import Logprob
 
-from actors.teacher_scores import response_logprobs, score_request
+from actors.engine import scoring_params
 from algos.spec import TEACHER
 from buffer.records import Group, Sample
 from configs.schema import RunConfig
+from launch.processes.teacher_scores import response_logprobs, score_request
 from learner.batching import rows_from_groups
 from learner.providers import EngineTeacherLogprobs, ProviderContext
 
@@ -27,8 +28,9 @@ def vllm_answer(prompt: list[int], response: list[int], value) -> tuple[list, di
 
 
 def test_the_request_is_the_row_but_its_last_token_which_is_scored_as_the_next():
-    ids, params = score_request(np.array([5, 6, 7]), np.array([8, 9]))
-    assert ids == [5, 6, 7, 8]  # prompt + response ids as they are, but the last: its log-prob is the next token's
+    ids, last = score_request(np.array([5, 6, 7]), np.array([8, 9]))
+    assert (ids, last) == ([5, 6, 7, 8], 9)  # prompt + response ids as they are, but the last: scored as the next
+    params = scoring_params(last)
     assert (params.max_tokens, params.prompt_logprobs, params.logprob_token_ids, params.temperature) == (1, 0, [9], 1.0)
     assert params.top_k in (0, -1, None) and params.top_p == 1.0  # the untruncated log-softmax
     assert params.skip_reading_prefix_cache  # vLLM's own rule for prompt log-probs: every position is computed

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-TEMPERED_LOGITS = "actors.teacher_scores.TemperedLogits"  # AsyncEngineArgs(worker_extension_cls=...)
+TEMPERED_LOGITS = "launch.processes.teacher_scores.TemperedLogits"  # AsyncEngineArgs(worker_extension_cls=...)
 
 
 class TemperedLogits:
@@ -42,13 +42,10 @@ class TemperedLogits:
         return layer.scale
 
 
-def score_request(prompt, response) -> tuple[list[int], object]:
-    """The prompt ids and sampling parameters of one row's scoring request (a response of at least one token)."""
-    from vllm import SamplingParams
-
-    ids = [int(t) for t in prompt] + [int(t) for t in response[:-1]]
-    return ids, SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, logprob_token_ids=[int(response[-1])],
-                               detokenize=False)
+def score_request(prompt, response) -> tuple[list[int], int]:
+    """One row's scoring request (a response of at least one token): its prompt ids, the row but its last token,
+    and that last token, whose log-prob is asked for at the generated position (`actors.engine.scored_answer`)."""
+    return [int(t) for t in prompt] + [int(t) for t in response[:-1]], int(response[-1])
 
 
 def response_logprobs(prompt_logprobs, last, prompt, response) -> np.ndarray:
@@ -71,12 +68,9 @@ def response_logprobs(prompt_logprobs, last, prompt, response) -> np.ndarray:
 
 async def score_row(engine, prompt, response, request_id: str) -> np.ndarray:
     """float32 [len(response)]: log π_teacher of each response token of one row (module docstring)."""
+    from actors.engine import scored_answer
+
     if len(response) == 0:
         return np.zeros(0, dtype=np.float32)
-    ids, params = score_request(prompt, response)
-    final = None
-    async for out in engine.generate({"prompt_token_ids": ids}, params, request_id=request_id):
-        final = out
-    if final is None or not final.outputs or not final.outputs[0].logprobs:
-        raise RuntimeError("the teacher's engine returned no log-probs for a scoring request")
-    return response_logprobs(final.prompt_logprobs, final.outputs[0].logprobs[0], prompt, response)
+    ids, last = score_request(prompt, response)
+    return response_logprobs(*await scored_answer(engine, ids, last, request_id), prompt, response)
