@@ -226,6 +226,27 @@ async def one_response(engine, prompt_ids, rollout, request_id: str) -> list[int
     return [int(t) for t in final.outputs[0].token_ids]
 
 
+def scoring_params(next_id: int):
+    """Sampling parameters that score a prompt (`scored_answer`): each prompt token's log-prob, and `next_id`'s at
+    the one generated position, all from the untruncated log-softmax of the engine's logits (temperature 1)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, logprob_token_ids=[next_id],
+                          detokenize=False)
+
+
+async def scored_answer(engine, prompt_ids: list[int], next_id: int, request_id: str) -> tuple[list, dict]:
+    """vLLM's log-probs of `prompt_ids` and of `next_id` after them: (prompt log-probs, entry k {token id: Logprob}
+    for prompt position k, None at 0; the generated position's {token id: Logprob}, `next_id` among them). A
+    distillation teacher's scores (`launch.processes.teacher_scores`)."""
+    final = None
+    async for out in engine.generate({"prompt_token_ids": prompt_ids}, scoring_params(next_id), request_id=request_id):
+        final = out
+    if final is None or not final.outputs or not final.outputs[0].logprobs:
+        raise RuntimeError("the teacher's engine returned no log-probs for a scoring request")
+    return final.prompt_logprobs, final.outputs[0].logprobs[0]
+
+
 def kv_cache_tokens(engine) -> int | None:
     """Tokens of KV cache a started engine allocated: vLLM 0.32's front end holds the engine core's figure,
     `vllm_config.cache_config.num_gpu_blocks` (blocks, "gpu" on CPU engines too) × `block_size` (tokens

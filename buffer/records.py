@@ -47,6 +47,8 @@ class Sample:
     finish_reason: str = "stop"  # "stop" | "length" | "demo"
     truncated: bool = False  # True when generation hit max_tokens before an eos
     env_mask: np.ndarray | None = None  # bool [T]; None at construction = all False (single-turn)
+    teacher_logprobs: np.ndarray | None = None  # float32 [T]: log π_teacher, set by the driver's teacher engine
+    # (teacher.scoring: engine, `launch.processes.teacher_scorer`) after the pull; never on the buffer's wire
 
     def __post_init__(self) -> None:
         if self.env_mask is None:

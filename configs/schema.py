@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, create_model, field_validator, model_validator
 
 import algos
+from algos.spec import TEACHER
 from configs.algo_sections import SECTIONS
 from configs.base import Section
 from configs.buffer_section import BufferConfig, auto_capacity_groups
@@ -128,7 +129,7 @@ class _SharedConfig(Section):
             yield (f"learner.mini_batches: {self.learner.mini_batches} mini-batches of whole groups need at least "
                    f"as many prompts per step, learner.batch_prompts={self.learner.batch_prompts} — lower "
                    "learner.mini_batches or raise learner.batch_prompts")
-        yield from self._teacher_problems()
+        yield from self._teacher_problems(spec)
         yield from self._credit_problems(spec)
         yield from self._count_problems(spec)
         yield from env_problems(self)
@@ -138,8 +139,17 @@ class _SharedConfig(Section):
                    "(docs/algorithms.md \"LoRA\")")
         yield from spec.validate(self)
 
-    def _teacher_problems(self):
-        """teacher.live_traces: the teacher writes LUFFY's traces, so it needs LUFFY and a teacher."""
+    def _teacher_problems(self, spec):
+        """teacher.live_traces: the teacher writes LUFFY's traces, so it needs LUFFY and a teacher;
+        teacher.scoring=engine scores for an algorithm that reads the teacher's log-probs, with a teacher."""
+        if self.teacher.scoring == "engine":
+            if TEACHER not in spec.requires(self):
+                yield (f"teacher.scoring: engine scores the teacher's log-probs but --algo {self.algo} reads none — "
+                       "set teacher.scoring=learner, or use --algo opd")
+            if self.teacher.path is None:
+                yield ("teacher.scoring: engine needs a teacher to score with and teacher.path is unset — set "
+                       "teacher.path to a local HF model directory or a Hub id in the local HF cache "
+                       "(--set teacher.path=DIR)")
         live = self.teacher.live_traces
         if live == "off":
             return

@@ -47,6 +47,7 @@ class Row:
     reward: float
     truncated: bool = False  # the sample hit the generation limit before an eos (DAPO overlong handling)
     env: np.ndarray | None = None  # bool [T] environment tokens (multi-turn rows); None = all False
+    teacher: np.ndarray | None = None  # float32 [T] log π_teacher scored by the driver's engine (teacher.scoring)
 
     def __post_init__(self) -> None:
         if self.env is None:
@@ -88,6 +89,8 @@ def rows_from_groups(groups: list[Group], vocab_size: int | None = None) -> list
             t = tokens.size
             arrays = {"logprobs": s.logprobs, "versions": s.versions, "prefix_mask": s.prefix_mask,
                       "env_mask": s.env_mask}
+            if s.teacher_logprobs is not None:
+                arrays["teacher_logprobs"] = s.teacher_logprobs
             for name, arr in arrays.items():
                 if np.asarray(arr).reshape(-1).size != t:
                     raise ValueError(f"group {group.group_id!r} sample {k}: {name} has {np.asarray(arr).size} "
@@ -100,7 +103,9 @@ def rows_from_groups(groups: list[Group], vocab_size: int | None = None) -> list
                 behav=np.asarray(s.logprobs, dtype=np.float32).reshape(-1),
                 versions=np.asarray(s.versions, dtype=np.int64).reshape(-1),
                 prefix=np.asarray(s.prefix_mask, dtype=bool).reshape(-1), reward=float(s.reward),
-                truncated=bool(s.truncated), env=np.asarray(s.env_mask, dtype=bool).reshape(-1)))
+                truncated=bool(s.truncated), env=np.asarray(s.env_mask, dtype=bool).reshape(-1),
+                teacher=None if s.teacher_logprobs is None
+                else np.asarray(s.teacher_logprobs, dtype=np.float32).reshape(-1)))
     return rows
 
 

@@ -6,7 +6,8 @@ provider registered under each name here (`build_providers`). An output named "r
 `learner.provider_base`.
 
 Built in: "ref_logprobs" (frozen reference policy, below), "teacher_logprobs" (the frozen teacher of
-`teacher.path`, below), "prime_q" (PRIME's implicit PRM,
+`teacher.path`, below: on the learner ranks, or read from the rows when its own engine scored them,
+`teacher.scoring`), "prime_q" (PRIME's implicit PRM,
 `learner.prm.prime`), "process_rewards" (PURE's step scores, `learner.prm.pure`); `register_provider`
 adds one.
 """
@@ -23,8 +24,8 @@ from learner.prm.prime import ImplicitPRM
 from learner.prm.pure import ProcessRewards
 from learner.provider_base import ModelHost, Provider, ProviderContext, run_scorer
 
-__all__ = ["PROVIDERS", "ModelHost", "Provider", "ProviderContext", "ReferenceLogprobs", "TeacherLogprobs",
-           "build_providers", "register_provider", "run_scorer"]
+__all__ = ["PROVIDERS", "EngineTeacherLogprobs", "ModelHost", "Provider", "ProviderContext", "ReferenceLogprobs",
+           "TeacherLogprobs", "build_providers", "register_provider", "run_scorer"]
 
 
 class ReferenceLogprobs(Provider):
@@ -56,10 +57,31 @@ class TeacherLogprobs(Provider):
         return {TEACHER: run_scorer(self.model, ctx) * ctx.response_mask}
 
 
+class EngineTeacherLogprobs(Provider):
+    """log π_teacher of the response tokens as the teacher's own vLLM engine scored them in the driver
+    (`teacher.scoring: engine`, `launch.processes.teacher_scorer`): read from each row, masked like the
+    learner-side teacher's. The learner ranks never load the teacher."""
+
+    def __call__(self, ctx: ProviderContext) -> dict[str, torch.Tensor]:
+        out = torch.zeros(len(ctx.local), ctx.width, dtype=torch.float32)
+        for i, g in enumerate(ctx.local):
+            scores = ctx.rows[g].teacher
+            if scores is None:
+                raise RuntimeError(f"row {g} of step {ctx.step} has no teacher log-probs: with teacher.scoring=engine "
+                                   "the driver's teacher engine scores every row before the learner step")
+            out[i, :len(scores)] = torch.from_numpy(scores)
+        return {TEACHER: out.to(ctx.response_mask.device) * ctx.response_mask}
+
+
+def teacher_provider(host: ModelHost) -> Provider:
+    """The teacher's log-probs where `teacher.scoring` says they come from."""
+    return EngineTeacherLogprobs() if host.cfg.teacher.scoring == "engine" else TeacherLogprobs(host)
+
+
 ProviderFactory = Callable[[ModelHost], Provider]
 PROVIDERS: dict[str, ProviderFactory] = {
     "ref_logprobs": ReferenceLogprobs,
-    TEACHER: TeacherLogprobs,
+    TEACHER: teacher_provider,
     "prime_q": ImplicitPRM,
     "process_rewards": ProcessRewards,
 }

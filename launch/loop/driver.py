@@ -97,6 +97,7 @@ class Driver:
         self._stop_requested = False
         self._reward_error_shown = False
         self.teacher = None  # a `launch.processes.teacher_role.LiveTeacher` (teacher.live_traces), set by run_graph
+        self.scorer = None  # a `launch.processes.teacher_scorer.TeacherScorer` (teacher.scoring: engine), set by run_graph
 
     @property
     def version(self) -> int:
@@ -246,12 +247,14 @@ class Driver:
                 while self.position.step < self.cfg.learner.steps:
                     self._hand_on_traces()
                     groups, wait_s = self._pull()
+                    if self.scorer is not None:  # the teacher's log-probs of every row, before the learner step
+                        self.scorer.score(groups)
                     learned, train_s = self._train(groups)
                     sync, sync_s, buffer = self._publish()
                     times = clock.lap(wait_s=wait_s, train_s=train_s, sync_s=sync_s)
                     driven = self._driver_row(groups, times, sync, buffer)
-                    if self.teacher is not None:
-                        driven |= self.teacher.metrics()
+                    for teacher in (self.teacher, self.scorer):
+                        driven |= teacher.metrics() if teacher is not None else {}
                     self._show_reward_error()
                     row = merge_rows(learner=learned, driver=driven, evaluation=(evaluated := self._cadence()))
                     self._retune(times, bool(evaluated))

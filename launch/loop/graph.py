@@ -52,7 +52,7 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
     cluster = joins_cluster(cfg)  # else loopback: one machine
     graph = ProcessGraph(cfg, model_dir, data, secrets=secrets.public(), log=progress.message,
                          log_dir=None if cfg.logging.verbose else run_dir / "logs")
-    keeper = teacher = None
+    keeper = teacher = scorer = None
     try:
         if not cfg.serial:  # every other node sees the run folder, the model and the data, or the run stops here
             check_shared_storage(run_dir, other_nodes(), shared_paths(cfg, model_dir))
@@ -71,12 +71,17 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
 
             teacher = LiveTeacher(cfg, cfg.teacher.path, data, run_dir, log=progress.message)
             teacher.start()
+        if cfg.teacher.scoring == "engine":  # the teacher's own engine scores each batch (starting now, in the background)
+            from launch.processes.teacher_scorer import TeacherScorer
+
+            scorer = TeacherScorer(cfg, cfg.teacher.path, log=progress.message)
+            scorer.start()
         if not cfg.resume:  # the engines start while the learner does (a resume first learns what to skip)
             graph.start_actors(skip=[], version=0)
         graph.start_learner(rank_cores, cluster=cluster, weight_sync_token=secrets.weight_sync_token)
         driver = Driver(cfg, graph, data, run_dir, graph.buffer_address, progress, secrets=secrets.public(),
                         keeper=keeper)
-        driver.teacher = teacher
+        driver.teacher, driver.scorer = teacher, scorer
         if cfg.resume:
             graph.start_actors(skip=driver.restore(Path(cfg.resume)), version=driver.version)
         graph.await_actors()
@@ -90,8 +95,9 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
             graph.push_weights(driver.version)
         return driver.run()
     finally:
-        if teacher is not None:
-            teacher.close()
+        for role in (teacher, scorer):
+            if role is not None:
+                role.close()
         graph.shutdown()
         if keeper is not None:
             keeper.stop()

@@ -16,7 +16,8 @@ The budget of the GPU-path review (shared/reviews/gpu_path.md, appendix), per ra
     PURE's HF PRM      frozen(P_prm)         pure.prm=hf (any HF directory an algorithm names in
                                              `AlgoSpec.files` counts so), sharded like the reference
     teacher            frozen(P_teacher)     teacher.path, when the algorithm asks for the teacher's
-                                             log-probs (--algo opd), sharded like the reference
+                                             log-probs (--algo opd), sharded like the reference; nothing
+                                             with teacher.scoring=engine (its own vLLM engine scores)
   A LoRA run (model.lora; Q: adapter parameters, `ModelShape.lora_parameters`) replaces the sharded state
   by the frozen fp32 base, 4 × P / world, and the adapters' 16 × Q / world; the embedding and head are
   frozen (no root gradients), and the reference is the policy with its adapters off (nothing more). Its
@@ -165,7 +166,18 @@ def estimate_line(cfg: RunConfig, shape: ModelShape) -> str:
                "train, the base is frozen" if cfg.model.lora.enabled else "")
             + f"; rank 0 stages each push in "
             f"{host / GB:.1f} GB of pinned host memory "
-            f"({'adapter' if cfg.model.lora.adapter_sync else cfg.weight_sync.mode} pushes)")
+            f"({'adapter' if cfg.model.lora.adapter_sync else cfg.weight_sync.mode} pushes)" + teacher_where(cfg))
+
+
+def teacher_where(cfg: RunConfig) -> str:
+    """Where the start line says a distillation teacher runs ('' when the algorithm reads none)."""
+    import algos
+    from algos.spec import TEACHER
+
+    if cfg.teacher.path is None or TEACHER not in algos.get(cfg.algo).requires(cfg):
+        return ""
+    return ("; the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine), not on the learner "
+            "ranks" if cfg.teacher.scoring == "engine" else "; the teacher runs on the learner ranks (counted above)")
 
 
 
@@ -186,12 +198,10 @@ def aux_shapes(cfg: RunConfig) -> tuple[ModelShape, ...]:
 
 def teacher_shape(cfg: RunConfig) -> ModelShape | None:
     """The shape of teacher.path when the algorithm scores with a teacher (`algos.spec.TEACHER` in its
-    requirements), sharded over the ranks like the reference model; None without one, or when its
-    config.json is unreadable (preflight refuses such a teacher)."""
-    import algos
-    from algos.spec import TEACHER
-
-    if cfg.teacher.path is None or TEACHER not in algos.get(cfg.algo).requires(cfg):
+    requirements) on the learner ranks, sharded like the reference model; None without one, with
+    teacher.scoring=engine (not on the learner ranks), or when its config.json is unreadable (preflight
+    refuses such a teacher)."""
+    if not teacher_where(cfg) or cfg.teacher.scoring == "engine":
         return None
     try:
         return ModelShape.read(cfg.teacher.path)

@@ -103,6 +103,25 @@ def test_the_teacher_counts_sharded_like_the_reference(tmp_path):
     assert "teacher" not in dict(run_memory(opd, shape).every_rank)  # unreadable: preflight refuses it
 
 
+def test_a_teacher_scored_on_its_engine_is_not_on_the_learner_ranks(tmp_path):
+    # teacher.scoring=engine: the same 7B teacher costs the learner ranks nothing, and the start line says where
+    # it runs (the line above, with it on the ranks, says so too)
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "config.json").write_text(json.dumps(QWEN_7B))
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+    shape = ModelShape.from_config(QWEN_7B)
+    base = ["learner.world_size=8", "learner.batch_prompts=8", f"model.path={tmp_path}",
+            f"teacher.path={tmp_path / 'teacher'}"]
+    ranks, engine = (resolve("opd", overrides=[*base, f"teacher.scoring={s}"]) for s in ("learner", "engine"))
+    with_teacher, without = run_memory(ranks, shape), run_memory(engine, shape)
+    assert "teacher" in dict(with_teacher.every_rank) and "teacher" not in dict(without.every_rank)
+    assert with_teacher.total(True) - without.total(True) == pytest.approx(4.08e9, rel=1e-3)
+    node = [Node("g", 96, 16, 1000)]
+    assert start_lines(resolve_auto(ranks, node))[-1].endswith("the teacher runs on the learner ranks (counted above)")
+    assert start_lines(resolve_auto(engine, node))[-1].endswith(
+        "the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine), not on the learner ranks")
+
+
 def test_a_lora_run_counts_a_frozen_base_and_the_adapters_only(tmp_path):
     shape = ModelShape.from_config(QWEN_7B)
     p = 7_615_487_488
