@@ -1,5 +1,6 @@
 """End to end: `algo-train --algo opd` distills from a teacher with a real vLLM actor, a real buffer process and
-a real learner (`--serial`: no Ray, the quickest real path; the learner is the same one Ray runs). Student and
+a real learner rank, under Ray (the rows the teacher's engine scored in the driver travel to the learner rank as
+they would on a cluster). Student and
 teacher are given as a user of the field gives them: Hub ids found in the local HF cache (`tests.hub_cache`):
 the untrained tiny model as the student, another initialisation of it (other weights, the same tokenizer) as
 the teacher, so the reverse KL is far from 0 and must be logged every step. The teacher scores on its own vLLM
@@ -34,7 +35,7 @@ def test_opd_distills_from_a_cached_hub_teacher(tmp_path):
     out, hub = tmp_path / "opd", tmp_path / "hf-hub"
     student = hub_cache(hub, "org/tiny", build_tiny_model(tmp_path / "tiny"))
     teacher = hub_cache(hub, "org/teacher", build_tiny_model(tmp_path / "teacher", seed=1))
-    cmd = command(out, None, "--algo", "opd", "--serial", "--actors", "1", "--steps", "3", "--max-staleness", "1",
+    cmd = command(out, None, "--algo", "opd", "--actors", "1", "--steps", "3", "--max-staleness", "1",
                   "--model", "org/tiny", "--set", "teacher.path=org/teacher", "--set", "teacher.scoring=engine",
                   *UNTRAINED)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
