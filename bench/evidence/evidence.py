@@ -93,6 +93,7 @@ from bench.evidence.evidence_studies import (  # noqa: E402
     PRECONDITION,
     STUDIES,
     Study,
+    build_teacher,
     config_file,
     run_overrides,
     testbed_start,
@@ -331,6 +332,8 @@ def main(argv=None) -> int:
                 study = STUDIES[name]
                 resolve(arm.algo, config_file(study), {}, run_overrides(study, arm, 0))
                 testbed_start(study, arm, build=not args.reuse and study.source is None)
+            if name in STUDIES and not args.reuse:
+                build_teacher(STUDIES[name])
     except ConfigError as e:
         log(f"evidence: {e}")
         return 2

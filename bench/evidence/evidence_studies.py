@@ -4,6 +4,7 @@ docstring says what each study is for)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from bench.common.runs import log
 
@@ -130,8 +131,8 @@ COST_FROM = ("dense", "pacs")
 
 
 def run_overrides(study: Study, arm: Arm, seed: int) -> list[str]:
-    return [*warm_model(study, seed), *testbed_start(study, arm), *study.common, *arm.overrides, f"seed={seed}",
-            f"learner.steps={study.steps}", f"learner.eval_every={study.eval_every}"]
+    return [*warm_model(study, seed), *testbed_start(study, arm), *teacher_model(study, arm), *study.common,
+            *arm.overrides, f"seed={seed}", f"learner.steps={study.steps}", f"learner.eval_every={study.eval_every}"]
 
 
 def config_file(study: Study) -> str | None:
@@ -163,6 +164,73 @@ def warm_model(study: Study, seed: int) -> list[str]:
 
     cfg = resolve("grpo", overrides=[*study.warm_start, f"seed={seed}"])
     return [f"model.path={prepare_model(cfg, log=log).resolve()}"]
+
+
+def teacher_run(study: Study) -> Path | None:
+    """The teacher run of a study with one (TEACHER_RUNS): the testbed's warm model trained further by GRPO (seed 0),
+    in .cache/evidence-teachers/<study>/, shared by every seed; None for other studies."""
+    from bench.common.runs import ROOT
+
+    return ROOT / ".cache" / "evidence-teachers" / study.name if study.name in TEACHER_RUNS else None
+
+
+def teacher_model(study: Study, arm: Arm) -> list[str]:
+    """`teacher.path=` (the teacher run's last export) of a distillation arm; [] for every other arm."""
+    run_dir = teacher_run(study)
+    if run_dir is None or arm.algo != "opd":
+        return []
+    return [f"teacher.path={run_dir / 'hf' / f'step_{TEACHER_RUNS[study.name]}'}"]
+
+
+def build_teacher(study: Study) -> None:
+    """Run the study's teacher once (reused when finished) and check the registered precondition: its held-out
+    accuracy at the end must be at least TEACHER_MIN_ACC, else nothing of the study runs."""
+    run_dir = teacher_run(study)
+    if run_dir is None:
+        return
+    import json
+
+    from bench.common.runs import finished, run_algo_train
+
+    if not finished(run_dir):
+        overrides = [*testbed_start(study, Arm("teacher", "grpo"), build=True), "seed=0",
+                     f"learner.steps={TEACHER_RUNS[study.name]}", "learner.eval_every=25"]
+        res = run_algo_train(f"{study.name}/teacher", "grpo", run_dir, overrides, run_dir.with_suffix(".log"),
+                             config=config_file(study))
+        if not res.ok:
+            raise SystemExit(f"the teacher run of {study.name} failed: {res.error} (log {res.log})")
+    acc = json.loads((run_dir / "summary.json").read_text())["final_eval_accuracy"]
+    if acc is None or acc < TEACHER_MIN_ACC:
+        raise SystemExit(f"{study.name}: its teacher ({run_dir}) ended at held-out accuracy {acc}, below the "
+                         f"registered precondition {TEACHER_MIN_ACC}: the study is not run as registered")
+    log(f"[{study.name}] teacher {run_dir}: held-out accuracy {acc:.3f}")
+
+
+# ---- issue 40: on-policy distillation against RL, pre-registered 2026-11-29 before any run (teacher or study)
+TEACHER_RUNS = {"steps-opd": 300}  # study -> GRPO steps of its teacher run (from the testbed's warm model)
+TEACHER_MIN_ACC = 0.8  # the issue's teacher: >= 0.8 held-out
+STEPS_OPD = Study(
+    "steps-opd", "On-policy distillation (reverse KL to a stronger teacher) against GRPO at equal samples (testbed)",
+    "The Qwen3 technical report (Yang et al. 2025) and 'On-Policy Distillation' (Lu and Thinking Machines Lab, "
+    "2025): a student distilled on its own samples from a stronger teacher reaches what RL reaches in a small "
+    "fraction of RL's samples or compute",
+    (Arm("grpo", "grpo"), Arm("opd", "opd")),
+    steps=80, eval_every=5, baseline="grpo", testbed="steps",
+    traces=("opd/reverse_kl", "accuracy/train", "response/length_mean"),
+    registered="Registered 2026-11-29 before any run (issue 40 item 4). Student: the testbed's warm model (held-out "
+               "~0.34); teacher: the same warm model after 300 GRPO steps (seed 0), run once by the study "
+               "(bench/evidence/evidence_studies.py:build_teacher) and required to end at >= 0.8 held-out, else "
+               "nothing runs. Both arms 80 steps x 64 samples from the same warm model, seeds 0-2 (the issue's 3). "
+               "Test: per seed, S = the samples OPD needs to reach that seed's GRPO final held-out accuracy (the "
+               "table's 'samples to grpo's end'), against GRPO's 5,120. Verdict: reproduced if S <= 2,560 (half "
+               "of RL's samples) on all 3 seeds; direction only if S < 5,120 on all 3 but not all within half; "
+               "not reproduced if OPD does not reach GRPO's end within 5,120 on any seed; inconclusive otherwise. "
+               "Reported beside it, not tested: the paired final-accuracy difference (t, df = 2), accuracy at "
+               "equal training seconds, and the reverse-KL curve. Differs from the papers: a 4-layer model on "
+               "4-5 digit arithmetic, a teacher trained from the student's own start (same tokenizer and "
+               "family), reward-free distillation (opd.reward_coef 0), 80 steps."
+)
+STUDIES[STEPS_OPD.name] = STEPS_OPD
 
 
 # ---- issue 43: the papers' comparisons, pre-registered (settings fixed before any run; not changed after a
