@@ -40,4 +40,5 @@ class TeacherConfig(Section):
                            "(a file trace is kept until the teacher's replaces it). One trace per prompt, checked by "
                            "the run's reward: only non-empty traces scoring ≥ 1 are used and appended, one JSON line each in "
                            "data.demos' layout, to teacher_traces.jsonl in the run folder, which a later run reads "
-                           "offline with --demos. Needs teacher.path and --algo luffy (refused before start)")
+                           "offline with --demos (a resumed run reads its own back: no prompt is traced twice). Needs "
+                           "teacher.path and --algo luffy (refused before start)")

@@ -33,6 +33,7 @@ import numpy as np
 from actors.prompts import PromptItem, PromptStyle, items_from_records, with_demos
 from configs.data_section import is_template_file
 from configs.schema import RunConfig
+from launch.prep.teacher_traces import TRACE_FILE
 from tasks import ArithmeticConfig, make_splits, problem_records, write_teacher_file
 from tasks.loaders import load_dataset
 from tasks.records import DataError, Record
@@ -50,6 +51,8 @@ class RunData:
     demos: dict[int, np.ndarray] = field(default_factory=dict)  # prompt_index -> demo ids (+eos)
     demo_rewards: dict[int, float] = field(default_factory=dict)  # prompt_index -> reward of that demo
     demos_below_one: int = 0  # how many demonstrations score < 1 (wrong or unscorable teacher traces)
+    teacher_traced: set[int] = field(default_factory=set)  # prompts whose demo is a live teacher's trace this run
+    # kept before it was stopped (its own TRACE_FILE, read on a resume): the teacher never traces them again
 
 
 def arithmetic_config(cfg: RunConfig) -> ArithmeticConfig:
@@ -224,6 +227,17 @@ def too_long(what: str, skipped: int, total: int, cfg: RunConfig) -> str:
             f"{cfg.data.max_prompt_tokens} tokens and are skipped — raise data.max_prompt_tokens to keep them")
 
 
+def _file_demos(cfg: RunConfig, path: Path, train_recs: list[Record], eval_recs: list[Record], tokenizer,
+                layout_log, log) -> dict[int, np.ndarray]:
+    """A demonstration file's traces, tokenized, by the prompt_index of the training prompt each one answers
+    (matched by question text; its start-up line said)."""
+    records = read_file(cfg, path, require_target=True, log=layout_log)
+    match = match_demos(records, train_recs, eval_recs)
+    if log is not None:
+        log(match.describe(path, train_recs))
+    return tokenize_demos(records, train_recs, tokenizer, path, match)
+
+
 def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
                   reward_fn: Callable[[str, str, str, dict], float] | None = None,
                   log: Callable[[str], None] = print) -> RunData:
@@ -243,16 +257,24 @@ def load_run_data(cfg: RunConfig, tokenizer, run_dir: Path, need_demos: bool,
     live = cfg.teacher.live_traces != "off"  # a live teacher writes the traces the file lacks
     if need_demos:
         source = demonstration_file(cfg, run_dir)
-        if source is None and live:
+        own = run_dir / TRACE_FILE  # a resumed run's own live traces: they count as given, never asked again
+        own = own if live and own.is_file() else None
+        if source is None and own is None and live:
             log("[data] no teacher file: every trace comes from the live teacher (teacher.live_traces)")
             return data
         if source is None:
-            raise DataError("this algorithm needs demonstrations: pass --demos FILE")
-        said = cfg.data.demos and cfg.data.demos != cfg.data.path  # a file's layout is logged once
-        records = read_file(cfg, source, require_target=True, log=log if said else None)
-        match = match_demos(records, train_recs, eval_recs)
-        log(match.describe(source, train_recs))
-        data.demos = tokenize_demos(records, train_recs, tokenizer, source, match)
+            if own is None:
+                raise DataError("this algorithm needs demonstrations: pass --demos FILE")
+        else:
+            said = cfg.data.demos and cfg.data.demos != cfg.data.path  # a file's layout is logged once
+            data.demos = _file_demos(cfg, source, train_recs, eval_recs, tokenizer, log if said else None, log)
+        if own is not None:  # a trace of this run replaces the file's, as it did before the stop
+            traced = _file_demos(cfg, own, train_recs, eval_recs, tokenizer, None, None)
+            log(f"[data] {own}: {len(traced)} traces this run's live teacher kept before it stopped; their prompts "
+                "are not asked again")
+            data.demos |= traced
+            data.teacher_traced = set(traced)
+            source = own if source is None else source
         scorer = scorer_for(cfg) if reward_fn is None else reward_fn
         try:
             data.demo_rewards = score_demos(data.demos, train_recs, tokenizer, scorer)

@@ -50,9 +50,10 @@ class LiveTeacher:
         self.tokenizer = load_tokenizer(str(teacher_dir), cfg.model.trust_remote_code)
         self.items = {it.prompt_index: it for it in data.train}
         every = sorted(self.items)
-        self.todo: deque[int] = deque(every if cfg.teacher.live_traces == "all"
-                                      else [i for i in every if i not in data.demos])
-        self.counts = TraceCounts(from_file=len(data.demos))
+        traced = data.teacher_traced  # kept by this run before it was stopped (a resume): never asked again
+        self.todo: deque[int] = deque(i for i in every if i not in traced
+                                      and (cfg.teacher.live_traces == "all" or i not in data.demos))
+        self.counts = TraceCounts(from_file=len(data.demos) - len(traced), from_teacher=len(traced))
         self.file = TraceFile(run_dir / TRACE_FILE, log)
         self.restarts = 0
         group_s = cfg.rollout.deadlines.group_s  # a batch's wall budget: rollout.deadlines.group_s, else its floor

@@ -75,3 +75,30 @@ def test_an_unwritable_trace_file_is_said_once_and_the_run_goes_on(tmp_path):
     assert not traces.append(trace_record(train[0], "x")) and not traces.append(trace_record(train[1], "y"))
     assert len(said) == 1 and said[0].startswith(f"[teacher] cannot write the trace file {tmp_path / TRACE_FILE} (")
     assert "still trained on in this run but not saved from now on (0 saved)" in said[0]
+
+
+@pytest.mark.parametrize("mode", ["missing", "all"])
+def test_a_resumed_run_reads_its_own_traces_and_never_asks_for_them_again(tmp_path, mode):
+    """A run stopped after its live teacher kept traces for prompts 3, 0 and 5 is resumed in the same folder: the
+    traces come back as demonstrations (from its own trace file, scored by the run's reward like a file's), the
+    teacher queues every other prompt and none of those three (with `all` too: they are the teacher's already),
+    and the counters go on from 3 kept."""
+    from launch.prep.data import load_run_data
+    from launch.processes.teacher_role import LiveTeacher
+    from tasks.tiny_model import build_tiny_model
+
+    cfg = RunConfig.model_validate({"algo": "luffy", "data": {"train_prompts": 12},
+                                    "teacher": {"path": str(build_tiny_model(tmp_path / "teacher")),
+                                                "live_traces": mode}})
+    train, _ = load_prompt_records(cfg)
+    traces = TraceFile(tmp_path / TRACE_FILE)
+    for i in (3, 0, 5):
+        traces.append(trace_record(train[i], f"The answer is {train[i].ground_truth}."))
+    said: list[str] = []
+    data = load_run_data(cfg, build_tokenizer(), tmp_path, need_demos=True, reward_fn=lambda *a: 1.0, log=said.append)
+    assert sorted(data.demos) == [0, 3, 5] and data.teacher_traced == {0, 3, 5}
+    assert data.demo_rewards == {0: 1.0, 3: 1.0, 5: 1.0} and len(data.train) == 12  # every prompt still trains
+    assert any("3 traces this run's live teacher kept before it stopped" in s for s in said), said
+    teacher = LiveTeacher(cfg, cfg.teacher.path, data, tmp_path, log=said.append)
+    assert sorted(teacher.todo) == [i for i in range(12) if i not in (0, 3, 5)]
+    assert teacher.counts.metrics() == {"demos/from_file": 0, "demos/from_teacher": 3, "demos/rejected": 0}
