@@ -1,8 +1,10 @@
 """End to end: LUFFY guided by a live teacher (`teacher.live_traces=missing`, no teacher file): the teacher's own
-vLLM engine writes a trace per training prompt while a real actor, buffer and learner train (`--serial`), the
+vLLM engine writes a trace per training prompt while a real actor and learner rank (under Ray: the kept traces reach the actor's process as they would on a
+cluster) and a real buffer train, the
 run's reward keeps some and rejects others (`field_rewards.odd_length`: 1 for an odd number of characters in
 response and ground truth, so the test recomputes which), the kept ones reach LUFFY's demonstration rows and are appended to
-teacher_traces.jsonl. (That a second run reads the file back as `--demos`: tests/launch/test_teacher_traces.py.) The
+teacher_traces.jsonl. (That a second run reads the file back as `--demos`, and a resumed one as its own: tests/launch/
+test_teacher_traces.py.) The
 untrained tiny model is both student and teacher (the plumbing is under test, not learning)."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tests.e2e.helpers import UNTRAINED, assert_keys_documented, train, trained_
 pytestmark = pytest.mark.slow
 
 REWARD = f"reward.fn={Path(__file__).with_name('field_rewards.py')}:odd_length"
-FEW = ["--algo", "luffy", "--serial", "--actors", "1", "--max-staleness", "1", "--set", "data.train_prompts=12",
+FEW = ["--algo", "luffy", "--actors", "1", "--max-staleness", "1", "--set", "data.train_prompts=12",
        "--set", "rollout.max_response_tokens=16", "--set", "learner.eval_every=0", "--set", REWARD, *UNTRAINED]
 
 
