@@ -34,6 +34,12 @@ from launch.prep.teacher_traces import TRACE_FILE, TraceCounts, TraceFile, trace
 
 IN_FLIGHT = 8  # teacher requests at once
 DEADLINE_S = 120.0  # a batch's wall budget when rollout.deadlines.group_s is auto or null (auto's floor)
+
+
+def batch_deadline_s(cfg) -> float:
+    """A teacher engine's wall budget for one batch: rollout.deadlines.group_s, else DEADLINE_S."""
+    group_s = cfg.rollout.deadlines.group_s
+    return group_s if isinstance(group_s, float) else DEADLINE_S
 MAX_RESTARTS = 3  # engine replacements in a row without a finished trace before the teacher gives up
 
 
@@ -56,8 +62,7 @@ class LiveTeacher:
         self.counts = TraceCounts(from_file=len(data.demos) - len(traced), from_teacher=len(traced))
         self.file = TraceFile(run_dir / TRACE_FILE, log)
         self.restarts = 0
-        group_s = cfg.rollout.deadlines.group_s  # a batch's wall budget: rollout.deadlines.group_s, else its floor
-        self.deadline_s = group_s if isinstance(group_s, float) else DEADLINE_S
+        self.deadline_s = batch_deadline_s(cfg)
         self._reward_fn = reward_fn
         self._ready: queue.Queue[tuple[int, np.ndarray, float]] = queue.Queue()
         self._stop = threading.Event()

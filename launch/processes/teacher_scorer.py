@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.processes.teacher_role import DEADLINE_S, MAX_RESTARTS
+from launch.processes.teacher_role import MAX_RESTARTS, batch_deadline_s
 
 
 class TeacherScorer:
@@ -48,8 +48,7 @@ class TeacherScorer:
         self.temperature = float(cfg.rollout.temperature)
         self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=998, weight_transfer=False, lora_rank=0,
                                            extra={"worker_extension_cls": TEMPERED_LOGITS})
-        group_s = cfg.rollout.deadlines.group_s
-        self.deadline_s = group_s if isinstance(group_s, float) else DEADLINE_S
+        self.deadline_s = batch_deadline_s(cfg)
         self.restarts = 0
         self.score_s = 0.0  # the last batch's scoring seconds (restarts included)
         self._host = None
