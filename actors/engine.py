@@ -45,6 +45,7 @@ import contextlib
 import math
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ class EngineSpec:
     trust_remote_code: bool = False  # model.trust_remote_code: run the model directory's own Python code
     lora_rank: int = 0  # > 0: serve LoRA adapters up to this rank (vLLM's max_lora_rank; model.lora.sync: adapter)
     max_loras: int = 1  # adapters one engine step may mix: every version a request in flight may be pinned to
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES of the engine's processes (None: this process's): the GPUs
+    # Ray holds for a teacher engine, which runs in the driver's process (`launch.planning.placement.teacher_devices`)
     extra: dict[str, Any] = field(default_factory=dict)  # any other AsyncEngineArgs fields
 
     @classmethod
@@ -206,10 +209,33 @@ def build_engine(spec: EngineSpec):
 
     from actors.engine_fork import engine_core_forked
 
-    with engine_core_forked(spec.cpu):  # a CPU engine core inherits this actor's imports (actors.engine_fork)
+    # a CPU engine core inherits this actor's imports (actors.engine_fork); the engine's processes see `devices`
+    with engine_core_forked(spec.cpu), visible_devices(spec.devices):
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec.engine_args_kwargs()))
     print(kv_cache_line(engine, spec), file=sys.stderr, flush=True)
     return engine
+
+
+_DEVICES_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def visible_devices(devices: str | None):
+    """CUDA_VISIBLE_DEVICES = `devices` while an engine starts (its processes, spawned now, inherit it), then as
+    before; nothing for None. Under a lock: the driver's two teacher engines may start at once."""
+    if devices is None:
+        yield
+        return
+    with _DEVICES_LOCK:
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 async def one_response(engine, prompt_ids, rollout, request_id: str) -> list[int]:

@@ -109,7 +109,7 @@ def train(cfg: RunConfig, force: bool = False, resume: ResumePlan | None = None,
         cluster = ClusterInfo.discover(cfg.ray_address, serial=cfg.serial)
         cfg = cluster.resolve(cfg)  # "auto" decided, ray_address = the cluster joined: what config.yaml records
         cfg = absolutize(cfg, Path.cwd())  # every node must find the same files (launch.state.storage)
-        planned = plan(cfg, cluster.nodes, joined=cluster.cluster)
+        planned = plan(cfg, cluster.nodes, joined=cluster.cluster, driver=cluster.driver)
     except (ConfigError, ResourceError, PreflightError) as e:
         print(f"algo-train: {e}", file=sys.stderr)
         return 2

@@ -93,6 +93,19 @@ def config_checks(cfg: RunConfig, shape: ModelShape) -> list[Check]:
                                             f"{shape.context or 'not stated'}")]
 
 
+def plan_check(cfg: RunConfig, cluster) -> Check:
+    """The run's own resource plan on `cluster`'s nodes (a `launch.planning.cluster.ClusterInfo`): room for every
+    learner rank, actor and teacher engine (`launch.planning.resources.plan`, which the run repeats at start)."""
+    from launch.planning.resources import ResourceError, plan
+
+    try:
+        p = plan(cfg, cluster.nodes, joined=cluster.cluster, driver=cluster.driver)
+    except ResourceError as e:
+        found, _, fix = str(e).removeprefix("cannot start this run: ").partition(" Fix: ")
+        return Check("run", "resources", "FAIL", found, fix.rstrip("."))
+    return Check("run", "resources", "PASS", p.summary())
+
+
 def hosts_actors(cfg: RunConfig, resources: dict) -> bool:
     """True when a node with these Ray resources can host an actor (its custom resources, a GPU if needed)."""
     need = dict(cfg.rollout.custom_resources)

@@ -4,6 +4,8 @@ long run, with the run's own flags (`--ray-address`, `--model`, `--config`, `--s
 Prints one row per check — PASS, WARN or FAIL, what was found, and for a failure the fix — and exits 1 on
 any FAIL (`--json FILE` writes the rows for machines). The checks:
 
+- resources  the run's own plan: room for every learner rank, actor and teacher engine (the teacher's on the
+             driver's node, `launch.planning.resources`);
 - versions   every node has the tested vLLM (`launch.planning.versions`) and the driver's torch, Ray, transformers;
 - storage    every node reads a file the driver just wrote beside the run folder (shared storage), and
              the model, data and teacher paths the run names;
@@ -93,7 +95,7 @@ def run_checks(cfg: RunConfig, skip: set[str], say) -> list[Check]:
     except (OSError, KeyError, ValueError) as e:
         return [Check("run", "model", "FAIL", f"cannot read the model's config.json: {e}",
                       "pass --model DIR, an HF model directory")]
-    checks = dc.config_checks(cfg, shape)
+    checks = [dc.plan_check(cfg, cluster), *dc.config_checks(cfg, shape)]
     init_ray(cfg)
     try:
         probe = dc.write_probe(cfg, secrets.token_hex(8))

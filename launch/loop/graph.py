@@ -66,15 +66,16 @@ def run_graph(cfg: RunConfig, run_dir: Path, progress: Progress) -> int:
                            and cfg.learner.gpus_per_rank == 0)
         rank_cores = (plan_rank_cores(cfg.learner.world_size, cfg.learner.cpus_per_rank) if one_cpu_machine
                       else [None] * cfg.learner.world_size)
+        devices = graph.teacher_devices()  # the GPUs Ray holds for each teacher engine (in this process)
         if cfg.teacher.live_traces != "off":  # its own engine, on its own thread, starting now: nobody waits for it
             from launch.processes.teacher_role import LiveTeacher
 
-            teacher = LiveTeacher(cfg, cfg.teacher.path, data, run_dir, log=progress.message)
+            teacher = LiveTeacher(cfg, cfg.teacher.path, data, run_dir, log=progress.message, devices=devices.pop(0))
             teacher.start()
         if cfg.teacher.scoring == "engine":  # the teacher's own engine scores each batch (starting now, in the background)
             from launch.processes.teacher_scorer import TeacherScorer
 
-            scorer = TeacherScorer(cfg, cfg.teacher.path, log=progress.message)
+            scorer = TeacherScorer(cfg, cfg.teacher.path, log=progress.message, devices=devices.pop(0))
             scorer.start()
         if not cfg.resume:  # the engines start while the learner does (a resume first learns what to skip)
             graph.start_actors(skip=[], version=0)

@@ -172,11 +172,12 @@ def private_ray_token(environ: MutableMapping[str, str]) -> Path | None:
 @dataclass(frozen=True)
 class ClusterInfo:
     """address: the Ray cluster joined (None = a single machine); source: where that came from;
-    nodes: what each live node has."""
+    nodes: what each live node has; driver: the node this process runs on."""
 
     address: str | None
     source: str
     nodes: tuple[Node, ...]
+    driver: str | None = None  # the node this process runs on, by its IP (None: the only node)
 
     @property
     def cluster(self) -> bool:
@@ -211,12 +212,12 @@ class ClusterInfo:
                     "exists) also needs RAY_AUTH_MODE=token and the cluster's token here")
         try:
             ray.init(address=address, log_to_driver=False, **RAY_INIT)
-            nodes = cluster_nodes()
+            nodes, driver = cluster_nodes(), ray.util.get_node_ip_address()
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ResourceError(f"cannot join the Ray cluster at {address} (from {source}): {e}{hint}") from e
         finally:
             ray.shutdown()
-        return cls(address, source, tuple(nodes))
+        return cls(address, source, tuple(nodes), driver)
 
     def resolve(self, cfg: RunConfig) -> RunConfig:
         """The run's config on this cluster: "auto" settings decided, `ray_address` = the cluster joined."""

@@ -176,8 +176,8 @@ def teacher_where(cfg: RunConfig) -> str:
 
     if cfg.teacher.path is None or TEACHER not in algos.get(cfg.algo).requires(cfg):
         return ""
-    return ("; the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine), not on the learner "
-            "ranks" if cfg.teacher.scoring == "engine" else "; the teacher runs on the learner ranks (counted above)")
+    return ("; the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine; on GPUs of its own "
+            "on the driver's node), not on the learner ranks" if cfg.teacher.scoring == "engine" else "; the teacher runs on the learner ranks (counted above)")
 
 
 

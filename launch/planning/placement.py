@@ -35,16 +35,23 @@ def plan_rank_cores(ranks: int, cpus_per_rank: float, cores: list[int] | None = 
 
 class Placement:
     """The run's Ray placement groups (`launch.planning.resources.Plan`): one for the learner ranks (STRICT_PACK
-    when one node holds them all, else PACK), one for the actors (SPREAD); every role then runs inside a
-    bundle of its group (`strategy`). `reserve` waits until Ray has placed both groups: a request Ray
-    accepts but cannot place (another job holds the resources, a node left, or Ray packs differently
-    than the check) stops the run after `timeout_s` instead of hanging in `ray.get`."""
+    when one node holds them all, else PACK), one for the actors (SPREAD), and with GPU teacher engines one on the
+    driver's node for their GPUs (`teacher_devices`); every role then runs inside a bundle of its group
+    (`strategy`). `reserve` waits until Ray has placed every group: a request Ray accepts but cannot place
+    (another job holds the resources, a node left, or Ray packs differently than the check) stops the run
+    after `timeout_s` instead of hanging in `ray.get`."""
 
     def __init__(self, plan: Plan, timeout_s: float):
+        import ray
         from ray.util.placement_group import placement_group
 
         self.plan, self.timeout_s = plan, timeout_s
         self.groups = {}
+        self.leases: list = []  # the actors holding each teacher engine's GPUs (`teacher_devices`)
+        if plan.teachers and plan.teacher_bundle.gpus:  # first, as the plan took them; a CPU teacher holds nothing
+            here = {f"node:{ray.util.get_node_ip_address()}": 0.001}  # the driver's node: the engines run in it
+            self.groups["teacher"] = placement_group([plan.teacher_bundle.ray_resources() | here] * plan.teachers,
+                                                     strategy="STRICT_PACK", name="teacher")
         if plan.ranks:
             self.groups["learner"] = placement_group([plan.rank_bundle.ray_resources()] * plan.ranks,
                                                      strategy=plan.rank_strategy, name="learner")
@@ -54,7 +61,7 @@ class Placement:
         self.more_actors: list = []  # groups reserved when the run was scaled up (`grow_actors`)
 
     def reserve(self) -> None:
-        """Wait for both groups; on the deadline remove them and raise `ResourceError` with the figures."""
+        """Wait for every group; on the deadline remove them and raise `ResourceError` with the figures."""
         deadline = time.monotonic() + self.timeout_s
         pending = [name for name, pg in self.groups.items()
                    if not pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic()))]
@@ -63,12 +70,30 @@ class Placement:
             self.remove()
             raise ResourceError(message)
 
+    def teacher_devices(self) -> list[str | None]:
+        """CUDA_VISIBLE_DEVICES of each teacher engine (`Plan.teachers`, in the order `launch.loop.graph` starts them):
+        the GPUs Ray gave its bundle, read by a small actor that holds them until `remove` (None for a CPU
+        teacher: its engine uses no GPU)."""
+        import ray
+
+        pg = self.groups.get("teacher")
+        if pg is None:
+            return [None] * self.plan.teachers
+        lease = ray.remote(num_cpus=0)(_GpuLease)
+        self.leases = [lease.options(num_gpus=self.plan.teacher_bundle.gpus,
+                                     scheduling_strategy=self.strategy("teacher", i)).remote()
+                       for i in range(self.plan.teachers)]
+        ids = ray.get([h.gpu_ids.remote() for h in self.leases], timeout=self.timeout_s)
+        return [",".join(str(g) for g in gpus) for gpus in ids]
+
     def _unplaced(self, pending: list[str]) -> str:
         import ray
 
         p = self.plan
         asked = (f"{p.ranks} learner rank(s) × [{p.rank_bundle.describe()}] {p.rank_strategy}, "
-                 f"{p.actors} actor(s) × [{p.actor_bundle.describe()}] SPREAD")
+                 f"{p.actors} actor(s) × [{p.actor_bundle.describe()}] SPREAD"
+                 + (f", {p.teachers} teacher engine(s) × [{p.teacher_bundle.describe()}] on the driver's node"
+                    if "teacher" in self.groups else ""))
         free = ray.available_resources()
         free_s = ", ".join(f"{k} {free.get(k, 0.0):g}" for k in ("CPU", "GPU")) or "nothing"
         nodes = "; ".join(n.describe() for n in cluster_nodes())
@@ -125,5 +150,14 @@ class Placement:
         from ray.util.placement_group import remove_placement_group
 
         for pg in [*self.groups.values(), *self.more_actors]:
-            remove_placement_group(pg)
-        self.groups, self.more_actors = {}, []
+            remove_placement_group(pg)  # and the teacher's GPU leases in it
+        self.groups, self.more_actors, self.leases = {}, [], []
+
+
+class _GpuLease:
+    """Holds a teacher engine's GPUs in its bundle for the run; the engine itself runs in the driver's process."""
+
+    def gpu_ids(self) -> list:
+        import ray
+
+        return ray.get_gpu_ids()

@@ -7,8 +7,12 @@ Every role gets a Ray placement-group bundle of its own, and a bundle lives on o
                   rollout.custom_resources, ~kv_cache_gib (CPU engines only) + ENGINE_OVERHEAD_GIB memory
                   (engines share a GPU at gpus_per_actor < 1, whose weights then travel over gloo: NCCL
                   refuses two ranks on one GPU)
+    teacher:      an actor engine's GPUs and memory, no CPU, on the driver's node (`teacher_engines`: LUFFY's
+                  live teacher and the distillation scorer run their vLLM engine in the driver's process, as
+                  the buffer service runs there, and no bundle counts the driver's cores)
 
-`plan(cfg, nodes)` places the bundles the way `launch.planning.placement` asks Ray to: the learner ranks first,
+`plan(cfg, nodes)` places the bundles the way `launch.planning.placement` asks Ray to: the teacher engines' on the
+driver's node first (refused there, with the fix, when that node lacks room), then the learner ranks,
 all on one node when one node can hold them (STRICT_PACK; among such nodes the one that leaves room for
 the most actors), else packed onto the nodes with the most room (PACK); then the actors spread over the
 nodes (SPREAD: one at a time onto the node holding the fewest actors that still has room). Memory is
@@ -104,11 +108,16 @@ class Plan:
     layout: tuple[tuple[str, int, int], ...]
     notes: tuple[str, ...] = ()  # start lines: GPU engines the credit leaves mostly idle (`engine_load.idle_note`),
     # the actors the learner can feed (`feed_rate.feed_note`)
+    teachers: int = 0  # teacher engines in the driver's process (`teacher_engines`), each a `teacher_bundle`
+    teacher_bundle: Bundle | None = None
+    driver: str | None = None  # the driver's node (where the teacher engines run)
 
     def summary(self) -> str:
         where = ", ".join(f"{n}: {r} rank(s) + {a} actor(s)" for n, r, a in self.layout)
+        teachers = (f", {self.teachers} teacher engine(s) × [{self.teacher_bundle.describe()}] on the driver's node "
+                    f"{self.driver}" if self.teachers else "")
         return (f"{self.ranks} learner rank(s) × [{self.rank_bundle.describe()}] {self.rank_strategy}, "
-                f"{self.actors} actor(s) × [{self.actor_bundle.describe()}] SPREAD — room found on {where}")
+                f"{self.actors} actor(s) × [{self.actor_bundle.describe()}] SPREAD{teachers} — room found on {where}")
 
 
 def local_node() -> Node:
@@ -126,6 +135,41 @@ def actor_count(cfg: RunConfig) -> int:
     import algos
 
     return 0 if algos.get(cfg.algo).trains_on_demonstrations_only else cfg.rollout.num_actors
+
+
+def teacher_engines(cfg: RunConfig) -> int:
+    """The teacher's vLLM engines a run starts in the driver's process: LUFFY's live teacher (teacher.live_traces
+    not off, `launch.processes.teacher_role`) and the distillation scorer (teacher.scoring=engine,
+    `launch.processes.teacher_scorer`)."""
+    return int(cfg.teacher.live_traces != "off") + int(cfg.teacher.scoring == "engine")
+
+
+def teacher_bundle(cfg: RunConfig) -> Bundle:
+    """One teacher engine's share of the driver's node: an actor engine's GPUs and memory (the teacher's engine is
+    built from the same rollout settings, `actors.engine.EngineSpec.from_config`) and no CPU (module docstring)."""
+    actor_b = role_bundles(cfg)[1]
+    return Bundle(0.0, actor_b.gpus, actor_b.memory_gib)
+
+
+def _without_teachers(nodes: Sequence[Node], driver: str | None, n: int, b: Bundle) -> list[Node]:
+    """`nodes` with `n` teacher bundles `b` taken off the driver's node (`driver`: its name; None = the only node),
+    or `ResourceError` when that node is not among them or lacks room."""
+    home = nodes[0].name if driver is None and len(nodes) == 1 else driver
+    i = next((i for i, node in enumerate(nodes) if node.name == home), None)
+    if i is None:
+        raise ResourceError(f"cannot start this run: the teacher's engine runs in the driver's process, but the "
+                            f"driver's node ({driver}) is not among the cluster's nodes "
+                            f"({', '.join(node.name for node in nodes)}). Fix: run algo-train on a node of the cluster")
+    free = nodes[i].capacity()
+    if _copies(free, b.demand()) < n:
+        short = _short_in([free], n, b)
+        raise ResourceError(f"cannot start this run: {n} teacher engine(s) × [{b.describe()}] run in the driver's "
+                            f"process, on its node, which lacks room ({nodes[i].describe()}: {short}). Fix: run "
+                            f"algo-train on a node with {n * b.gpus:g} GPU(s) free for the teacher, or "
+                            "--set teacher.scoring=learner (distillation) or teacher.live_traces=off (LUFFY)")
+    _take(free, b.demand(), n)
+    cpus, gpus, mem = free.pop("CPU"), free.pop("GPU"), free.pop("memory")
+    return [*nodes[:i], Node(nodes[i].name, cpus, gpus, mem, free), *nodes[i + 1:]]
 
 
 def resolve_auto(cfg: RunConfig, nodes: Sequence[Node]) -> RunConfig:
@@ -312,16 +356,21 @@ def _fixes(cfg: RunConfig, nodes, ranks: int, actors: int, rank_b: Bundle, actor
     return fixes
 
 
-def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False) -> Plan:
+def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False, driver: str | None = None) -> Plan:
     """Place every role's bundle on `nodes` (see the module docstring) or raise `ResourceError`.
 
     `cfg` may hold "auto" settings: they are resolved against `nodes` first (`resolve_auto`).
     `joined`: the nodes are a Ray cluster that was joined (the advice then is to add nodes rather
-    than to join a cluster).
+    than to join a cluster). `driver`: the name of the node running algo-train (None: the only node),
+    which holds the teacher's engines.
     """
     if not nodes:
         raise ResourceError("cannot start this run: the Ray cluster reports no live node")
     cfg = resolve_auto(cfg, nodes)
+    have = "; ".join(n.describe() for n in nodes)
+    teachers, teacher_b = teacher_engines(cfg), teacher_bundle(cfg)
+    if teachers:
+        nodes = _without_teachers(nodes, driver, teachers, teacher_b)
     rank_b, actor_b = role_bundles(cfg)
     ranks, actors = cfg.learner.world_size, actor_count(cfg)
     strategy, pr, pa = _place(nodes, ranks, actors, rank_b, actor_b)
@@ -329,10 +378,13 @@ def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False) -> Plan:
         layout = tuple((n.name, r, a) for n, r, a in zip(nodes, pr, pa) if r or a)
         actor_nodes = [n for n, a in zip(nodes, pa) if a]
         notes = (idle_note(cfg, actor_nodes, actors), feed_note(cfg, [n for n, r in zip(nodes, pr) if r], actor_nodes, actors))
-        return Plan(rank_b, actor_b, ranks, actors, strategy, layout, notes=tuple(n for n in notes if n))
+        return Plan(rank_b, actor_b, ranks, actors, strategy, layout, notes=tuple(n for n in notes if n),
+                    teachers=teachers, teacher_bundle=teacher_b if teachers else None,
+                    driver=(driver or nodes[0].name) if teachers else None)
     asked = (f"{ranks} learner rank(s) × [{rank_b.describe()}] packed (one node when they fit) + "
-             f"{actors} actor(s) × [{actor_b.describe()}] spread over the nodes; each bundle must fit on one node")
-    have = "; ".join(n.describe() for n in nodes)
+             f"{actors} actor(s) × [{actor_b.describe()}] spread over the nodes; each bundle must fit on one node"
+             + (f" (beside {teachers} teacher engine(s) × [{teacher_b.describe()}] on the driver's node)"
+                if teachers else ""))
     if sum(pr) < ranks:
         found = f"room for only {sum(pr)} of the {ranks} learner ranks"
         short_of = _short_in([n.capacity() for n in nodes], ranks, rank_b)

@@ -87,7 +87,8 @@ class ProcessGraph(LearnerRanks, Membership):
             self._ray = ray
             try:  # the nodes the launch checked: a local Ray's memory resource is only Ray's estimate
                 joined = joins_cluster(cfg)
-                p = plan(cfg, cluster_nodes() if joined else [local_node()], joined=joined)
+                p = plan(cfg, cluster_nodes() if joined else [local_node()], joined=joined,
+                         driver=ray.util.get_node_ip_address() if joined else None)
                 self.placement = Placement(p, cfg.placement_timeout_s)
                 self.placement.reserve()
             except Exception:
@@ -96,6 +97,13 @@ class ProcessGraph(LearnerRanks, Membership):
             log(f"[graph] placement: {p.summary()}")
 
     # ------------------------------------------------------------------ helpers
+    def teacher_devices(self) -> list[str | None]:
+        """CUDA_VISIBLE_DEVICES of each teacher engine the run starts in this process (`Placement.teacher_devices`;
+        --serial: None each, the process's own GPUs)."""
+        from launch.planning.resources import teacher_engines
+
+        return [None] * teacher_engines(self.cfg) if self.serial else self.placement.teacher_devices()
+
     def node_ip(self) -> str:
         """This (the driver's) node's IP as Ray reports it: what services the driver starts advertise."""
         return self._ray.util.get_node_ip_address()

@@ -1,7 +1,8 @@
 """`LiveTeacher`: the teacher's vLLM engine writing LUFFY's traces while the run goes on (`teacher.live_traces`).
 
 Where it runs: in the driver's process, on a thread of its own with an `actors.host.EngineHost` loop (the engine
-core is vLLM's subprocess, as an actor's is), so neither the learner nor the actors ever wait for it; the driver
+core is vLLM's subprocess, as an actor's is; on GPUs it sees only the GPUs the placement holds for it on the
+driver's node, `devices`), so neither the learner nor the actors ever wait for it; the driver
 takes what it finished once per step (`take`) and hands each trace on as a file trace is handed on
 (`launch.loop.driver`: the buffer's demonstrations, the actors' prompts, `RunData.demos`).
 
@@ -47,12 +48,13 @@ class LiveTeacher:
     """The teacher's traces for `data` (`launch.prep.data.RunData`), written to `run_dir`/TRACE_FILE."""
 
     def __init__(self, cfg, teacher_dir: str | Path, data, run_dir: Path, log: Callable[[str], None] = print,
-                 reward_fn=None):
+                 reward_fn=None, devices: str | None = None):
         from actors.engine import EngineSpec
         from actors.prompts import load_tokenizer
 
         self.cfg, self.data, self.log = cfg, data, log
-        self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=999, weight_transfer=False, lora_rank=0)
+        self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=999, weight_transfer=False, lora_rank=0,
+                                           devices=devices)
         self.tokenizer = load_tokenizer(str(teacher_dir), cfg.model.trust_remote_code)
         self.items = {it.prompt_index: it for it in data.train}
         every = sorted(self.items)

@@ -2,8 +2,9 @@
 engine`), so that the learner ranks never load the teacher.
 
 Where it runs: in the driver's process, its engine on an `actors.host.EngineHost` thread (the engine core is
-vLLM's subprocess, as an actor's and the live teacher's are), started with the actors so that its start-up
-overlaps theirs and the learner's. What it does: `score(groups)` is called by the driver on each batch it pulled,
+vLLM's subprocess, as an actor's and the live teacher's are; on GPUs it sees only the GPUs the placement holds
+for it on the driver's node, `devices`), started with the actors so that its start-up overlaps theirs and the
+learner's. What it does: `score(groups)` is called by the driver on each batch it pulled,
 before the learner step; every sample of every group gets `Sample.teacher_logprobs` (float32 [T], what
 `launch.processes.teacher_scores` says: log-softmax(logits / rollout.temperature) of each response token, exactly the
 learner-side teacher's), which travels to the learner ranks with the groups and is read there by
@@ -40,14 +41,14 @@ from launch.processes.teacher_role import MAX_RESTARTS, batch_deadline_s
 class TeacherScorer:
     """Scores the response tokens of pulled groups on the teacher of `teacher_dir` (module docstring)."""
 
-    def __init__(self, cfg, teacher_dir: str | Path, log: Callable[[str], None] = print):
+    def __init__(self, cfg, teacher_dir: str | Path, log: Callable[[str], None] = print, devices: str | None = None):
         from actors.engine import EngineSpec
         from launch.processes.teacher_scores import TEMPERED_LOGITS
 
         self.log = log
         self.temperature = float(cfg.rollout.temperature)
         self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=998, weight_transfer=False, lora_rank=0,
-                                           extra={"worker_extension_cls": TEMPERED_LOGITS})
+                                           devices=devices, extra={"worker_extension_cls": TEMPERED_LOGITS})
         self.deadline_s = batch_deadline_s(cfg)
         self.restarts = 0
         self.score_s = 0.0  # the last batch's scoring seconds (restarts included)

@@ -53,7 +53,7 @@ def test_doctor_passes_on_this_machine_with_the_real_weight_path(tmp_path):
     print(out, f"\n(doctor took {seconds:.0f} s)")
     found = rows(out)
     assert rc == 0, out
-    for name in ("context", "versions", "storage", "interfaces", "kv cache", "learner memory", *WEIGHT_ROWS):
+    for name in ("resources", "context", "versions", "storage", "interfaces", "kv cache", "learner memory", *WEIGHT_ROWS):
         assert found.get(name) == ["PASS"], (name, out)
     assert "0 failed" in out
 

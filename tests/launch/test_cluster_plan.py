@@ -1,6 +1,7 @@
 """The cluster path without a cluster: placement plans on declared nodes, "auto" resolution, finding the
 Ray to join, and the vLLM engine settings a GPU run gets. Pure functions; the real-Ray test is at the end."""
 
+import os
 import re
 import time
 from types import SimpleNamespace
@@ -55,6 +56,48 @@ def test_an_actor_bundle_must_fit_on_one_node():
     # the rank takes 1 CPU of node 1 (5 left), nodes 2 and 3 keep 6: two actors of ≤ 6 CPUs fit
     assert "--set rollout.cpus_per_actor=6 or add nodes to the cluster" in msg
     plan(pure(2, 1, "rollout.cpus_per_actor=6"), nodes)
+
+
+def opd_engine(actors: int, ranks: int, *overrides: str):
+    """--algo opd whose teacher scores on its own engine: one teacher engine in the driver's process."""
+    return resolve("opd", flags={"rollout.num_actors": actors, "learner.world_size": ranks},
+                   overrides=["teacher.path=/models/teacher", "teacher.scoring=engine", *overrides])
+
+
+def test_the_teacher_engine_takes_its_gpu_on_the_driver_node_first():
+    # 2 nodes × 8 GPUs; the driver runs on node 2: the teacher's engine takes 1 of its GPUs (an actor engine's
+    # bundle without its CPU). 4 ranks pack onto node 1 (room after: node 1 has 4 + node 2 has 7 = 11 actors;
+    # on node 2 it would be 3 + 8 = 11 too: the first node wins the tie); the actors spread 4 + 7.
+    p = plan(opd_engine(11, 4), gpu_nodes(2), joined=True, driver="10.0.0.2")
+    assert (p.teachers, p.driver, p.teacher_bundle.ray_resources()) == (1, "10.0.0.2", {"GPU": 1.0})
+    assert p.layout == (("10.0.0.1", 4, 4), ("10.0.0.2", 0, 7))
+    assert "1 teacher engine(s) × [1 GPU + 0 CPU + ~1.5 GiB] on the driver's node 10.0.0.2" in p.summary()
+    # 4 ranks + 12 actors + the teacher = 17 GPUs on 16: the teacher took the 16th
+    with pytest.raises(ResourceError) as e:
+        plan(opd_engine(12, 4), gpu_nodes(2), joined=True, driver="10.0.0.2")
+    assert "(beside 1 teacher engine(s) × [1 GPU + 0 CPU + ~1.5 GiB] on the driver's node)" in str(e.value)
+    assert "Fix: --actors 11 or add nodes" in str(e.value)
+    # the same run with the teacher on the learner ranks (the default) holds 12 actors
+    assert plan(opd_engine(12, 4, "teacher.scoring=learner"), gpu_nodes(2), joined=True).teachers == 0
+
+
+def test_a_teacher_engine_needs_room_on_the_driver_node_itself():
+    cpu_head = Node("10.0.0.9", 16, 0, 64)  # algo-train started on a CPU-only head node
+    with pytest.raises(ResourceError) as e:
+        plan(opd_engine(2, 1), [cpu_head, *gpu_nodes(1)], joined=True, driver="10.0.0.9")
+    msg = str(e.value)
+    assert "1 teacher engine(s) × [1 GPU + 0 CPU + ~1.5 GiB] run in the driver's process, on its node" in msg
+    assert "(10.0.0.9: 16 CPU, 0 GPU, 64.0 GiB: 1 GPU needed, 0 free)" in msg
+    assert "Fix: run algo-train on a node with 1 GPU(s) free for the teacher, or --set teacher.scoring=learner" in msg
+    with pytest.raises(ResourceError, match=r"driver's node \(10.9.9.9\) is not among the cluster's nodes"):
+        plan(opd_engine(2, 1), gpu_nodes(2), joined=True, driver="10.9.9.9")
+    # LUFFY's live teacher on one CPU machine: its engine's memory (1 GiB of KV cache + 1.5) is counted there
+    luffy = resolve("luffy", flags={"rollout.num_actors": 2}, overrides=["teacher.path=/t", "teacher.live_traces=missing"])
+    p = plan(luffy, [Node("this machine", 2, 0, 16)])
+    assert p.teachers == 1 and "[0 CPU + ~2.5 GiB] on the driver's node this machine" in p.summary()
+    # 8 GiB: the teacher's 2.5 and the rank's 1 leave 4.5, which holds one actor (2.5), not two
+    with pytest.raises(ResourceError, match=r"only 1 of the 2 actors beside them \(5 GiB of memory needed, 4.5 free\)"):
+        plan(luffy, [Node("this machine", 2, 0, 8)])
 
 
 def test_ranks_pack_over_nodes_when_one_cannot_hold_them_and_actors_spread():
@@ -192,6 +235,25 @@ def test_engine_settings_reach_vllm_engine_args(tmp_path):
     assert kw["dtype"] == "float32" and kw["enforce_eager"] is True and "tensor_parallel_size" not in kw
 
 
+def test_a_teacher_engine_starts_seeing_only_the_gpus_held_for_it(tmp_path, monkeypatch):
+    """The teacher's engine runs in the driver's process, which sees every GPU: its processes (spawned while the
+    engine is built) get the lease's CUDA_VISIBLE_DEVICES, and the driver's own value is back afterwards."""
+    from actors.engine import visible_devices
+
+    spec = EngineSpec.from_config(opd_engine(1, 1), tmp_path, weight_transfer=False, devices="5,6")
+    assert spec.devices == "5,6" and "devices" not in spec.engine_args_kwargs()  # not a vLLM argument
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    with visible_devices(spec.devices):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(RuntimeError), visible_devices("3"):
+        raise RuntimeError("the engine failed to start")
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # unset again, even after a failed start
+    with visible_devices(None):  # an actor's engine (Ray set its devices) or a CPU teacher: left alone
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
 @pytest.mark.slow
 def test_placement_groups_on_a_real_ray_with_declared_gpus():
     """Ray lets a CPU machine declare GPUs: the plan, the reservation and a role in its bundle are real;
@@ -217,7 +279,17 @@ def test_placement_groups_on_a_real_ray_with_declared_gpus():
         in_bundle = gpu_ids.options(num_cpus=0.5, num_gpus=1, resources={"accel_node": 1},
                                     scheduling_strategy=placement.strategy("actors", 1))
         assert len(ray.get(in_bundle.remote(), timeout=60)) == 1  # the actor's bundle holds one GPU
+        assert placement.teacher_devices() == []  # no teacher engine
         placement.remove()
+        # a teacher engine (in this, the driver's, process) gets a GPU of its own: held by a lease, not an actor's
+        with_teacher = Placement(plan(opd_engine(2, 1), [node]), timeout_s=30)
+        with_teacher.reserve()
+        (devices,) = with_teacher.teacher_devices()
+        actors_gpus = ray.get([gpu_ids.options(num_cpus=0.5, num_gpus=1,
+                                               scheduling_strategy=with_teacher.strategy("actors", i)).remote()
+                               for i in range(2)], timeout=60)
+        assert devices.isdigit() and int(devices) not in {g for ids in actors_gpus for g in ids}
+        with_teacher.remove()
         # the check believed in a 4-CPU node; Ray has 2 CPUs: accepted, never placed
         bigger = plan(pure(4, 1, "rollout.cpus_per_actor=0.75"), [Node(node.name, 4, 8, node.memory_gib)])
         stuck = Placement(bigger, timeout_s=2)

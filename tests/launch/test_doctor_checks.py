@@ -186,3 +186,21 @@ def test_config_rows_and_table():
     assert text.splitlines()[0].split() == ["where", "check", "status", "found"]
     assert "fix: lower them to fit" in text
     assert text.splitlines()[-1] == "2 checks: 1 passed, 0 warned, 1 failed"
+
+
+def test_the_resources_row_is_the_runs_own_plan_teacher_engines_included():
+    from launch.doctor.checks import plan_check
+    from launch.planning.cluster import ClusterInfo
+    from launch.planning.resources import Node
+
+    opd = resolve("opd", flags={"rollout.num_actors": 7},
+                  overrides=["teacher.path=/models/t", "teacher.scoring=engine", "learner.batch_prompts=8"])
+    head, worker = Node("10.0.0.1", 32, 8, 512), Node("10.0.0.2", 32, 8, 512)
+    row = plan_check(opd, ClusterInfo("10.0.0.1:6379", "--ray-address", (head, worker), driver="10.0.0.1"))
+    assert row.status == "PASS" and row.name == "resources"
+    assert "1 teacher engine(s) × [1 GPU + 0 CPU + ~1.5 GiB] on the driver's node 10.0.0.1" in row.found
+    # started on a CPU-only head: the teacher's engine has no GPU there; the row names the fix
+    cpu_head = Node("10.0.0.9", 32, 0, 512)
+    row = plan_check(opd, ClusterInfo("10.0.0.9:6379", "--ray-address", (cpu_head, worker), driver="10.0.0.9"))
+    assert row.status == "FAIL" and "1 GPU needed, 0 free" in row.found
+    assert row.fix.startswith("run algo-train on a node with 1 GPU(s) free for the teacher")

@@ -119,7 +119,8 @@ def test_a_teacher_scored_on_its_engine_is_not_on_the_learner_ranks(tmp_path):
     node = [Node("g", 96, 16, 1000)]
     assert start_lines(resolve_auto(ranks, node))[-1].endswith("the teacher runs on the learner ranks (counted above)")
     assert start_lines(resolve_auto(engine, node))[-1].endswith(
-        "the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine), not on the learner ranks")
+        "the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine; on GPUs of its own on the "
+        "driver's node), not on the learner ranks")
 
 
 def test_a_lora_run_counts_a_frozen_base_and_the_adapters_only(tmp_path):
