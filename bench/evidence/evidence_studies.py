@@ -168,11 +168,13 @@ def warm_model(study: Study, seed: int) -> list[str]:
 
 def teacher_runs(study: Study) -> list[Path]:
     """The teacher runs of a study with a teacher (TEACHER_RUNS), in order: stage 1 trains the testbed's warm model
-    further by GRPO (seed 0), each later stage the export of the one before, in .cache/evidence-teachers/<study>
-    (stage 1) and <study>-<k> (stage k); shared by every seed. [] for other studies."""
+    further by GRPO (seed 0), each later stage the export of the one before, in .cache/models/evidence-teachers/
+    <study> (stage 1) and <study>-<k> (stage k); shared by every seed. [] for other studies. Under model.cache_dir
+    (.cache/models), so that a stage started from an export is the built-in model to `configs.presets` and keeps
+    the testbed's values (elsewhere it would count as a user's model and get lr 1e-6)."""
     from bench.common.runs import ROOT
 
-    base = ROOT / ".cache" / "evidence-teachers"
+    base = ROOT / ".cache" / "models" / "evidence-teachers"
     return [base / (study.name if k == 1 else f"{study.name}-{k}")
             for k in range(1, len(TEACHER_RUNS.get(study.name, ())) + 1)]
 
