@@ -311,7 +311,19 @@ ISSUE43 = (
           steps=80, eval_every=5, baseline="min-prm", testbed="steps",
           common=(BIASED_PRM, "pure.kl_coef=1e-3", "pure.whiten=batch"),
           traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
-                  "pure/num_steps", "pure/prm_step_acc")),
+                  "pure/num_steps", "pure/prm_step_acc"),
+          registered="Settings registered in 64faf93 before any run. The test was not registered then; it is "
+                     "registered here, 2026-11-29 07:05 UTC, after 12 of the 25 runs had finished and been seen "
+                     "(every arm of seeds 0-1; vr-only and min-prm of seed 2) and before the other 13. "
+                     "T1 (the paper's headline, sum-form PRM-only collapses where min-form does not): "
+                     "Δ1 = final held-out accuracy of sum-prm − min-prm, paired over seeds 0-4 "
+                     "(bench.common.stats.paired_accuracy_delta, df = 4), paper's sign −1. T2 (10 % verifiable "
+                     "reward holds the sum form off): Δ2 = sum-mix − sum-prm, paired, df = 4, paper's sign +1. "
+                     "Verdict words by bench.common.stats.verdict with matters = 0.10 (a quarter of the "
+                     "paper's collapse, which takes accuracy to ~0: here a collapse would be 0.34 → < 0.17). "
+                     "Reported beside, not tested: collapses per arm (first evaluation at ≤ ½ the start), the "
+                     "change of pure/process_return against accuracy, a per-prompt paired bootstrap of the "
+                     "final models pooled over seeds, and T1/T2 on the seeds not seen when this was written."),
     Study("steps-luffy-beyond5", "LUFFY against GRPO one column past the warm model, constant lr, 250 steps",
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance learns where on-policy rollouts almost never "
           "succeed; on-policy GRPO's train reward stays near zero",
