@@ -128,15 +128,18 @@ def opd(out_dir: Path, study) -> None:
     if not got:
         print("no paired seeds")
         return
-    if all(x is not None and x <= total / 2 for x in got):
-        word = "reproduced"
-    elif all(x is not None and x < total for x in got):
-        word = "direction only"
-    elif all(x is None for x in got):
-        word = "not reproduced"
-    else:
-        word = "inconclusive"
-    print(f"S over {len(got)} seeds: {got} against GRPO's {total} -> {word}")
+    print(f"S over {len(got)} seeds: {got} against GRPO's {total} -> {opd_word(got, total)}")
+
+
+def opd_word(samples: list[int | None], total: int) -> str:
+    """steps-opd's registered rule on S per seed (None: OPD never reached GRPO's end) against GRPO's `total`."""
+    if all(x is not None and x <= total / 2 for x in samples):
+        return "reproduced"
+    if all(x is not None and x < total for x in samples):
+        return "direction only"
+    if all(x is None for x in samples):
+        return "not reproduced"
+    return "inconclusive"
 
 
 TESTS = {"steps-hacking-pure": hacking_pure, "steps-prm-frozen": prm_frozen, "steps-opd": opd}
