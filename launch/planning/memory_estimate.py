@@ -176,8 +176,10 @@ def teacher_where(cfg: RunConfig) -> str:
 
     if cfg.teacher.path is None or TEACHER not in algos.get(cfg.algo).requires(cfg):
         return ""
-    return ("; the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine; on GPUs of its own "
-            "on the driver's node), not on the learner ranks" if cfg.teacher.scoring == "engine" else "; the teacher runs on the learner ranks (counted above)")
+    if cfg.teacher.scoring == "engine":
+        return ("; the teacher scores on its own vLLM engine in the driver (teacher.scoring=engine; on GPUs of its own "
+                "on the driver's node), not on the learner ranks")
+    return "; the teacher runs on the learner ranks (counted above)"
 
 
 
