@@ -21,7 +21,6 @@ that cannot load at all is refused before start (`launch.prep.preflight.check_te
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 import time
@@ -32,16 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from launch.prep.teacher_traces import TRACE_FILE, TraceCounts, TraceFile, trace_record
+from launch.processes.teacher_engine import MAX_RESTARTS, TeacherEngine, batch_deadline_s
 
 IN_FLIGHT = 8  # teacher requests at once
-DEADLINE_S = 120.0  # a batch's wall budget when rollout.deadlines.group_s is auto or null (auto's floor)
-
-
-def batch_deadline_s(cfg) -> float:
-    """A teacher engine's wall budget for one batch: rollout.deadlines.group_s, else DEADLINE_S."""
-    group_s = cfg.rollout.deadlines.group_s
-    return group_s if isinstance(group_s, float) else DEADLINE_S
-MAX_RESTARTS = 3  # engine replacements in a row without a finished trace before the teacher gives up
 
 
 class LiveTeacher:
@@ -53,8 +45,8 @@ class LiveTeacher:
         from actors.prompts import load_tokenizer
 
         self.cfg, self.data, self.log = cfg, data, log
-        self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=999, weight_transfer=False, lora_rank=0,
-                                           devices=devices)
+        self.engine = TeacherEngine(EngineSpec.from_config(cfg, teacher_dir, actor_id=999, weight_transfer=False,
+                                                           lora_rank=0, devices=devices), name="teacher")
         self.tokenizer = load_tokenizer(str(teacher_dir), cfg.model.trust_remote_code)
         self.items = {it.prompt_index: it for it in data.train}
         every = sorted(self.items)
@@ -68,13 +60,12 @@ class LiveTeacher:
         self._reward_fn = reward_fn
         self._ready: queue.Queue[tuple[int, np.ndarray, float]] = queue.Queue()
         self._stop = threading.Event()
-        self._host = None
         self._thread = threading.Thread(target=self._run, name="live-teacher", daemon=True)
 
     # -- the driver's side
     def start(self) -> None:
         self.log(f"[teacher] live traces ({self.cfg.teacher.live_traces}): {len(self.todo)} training prompts queued "
-                 f"for the teacher at {self.spec.model_dir}; kept traces go to {self.file.path}")
+                 f"for the teacher at {self.engine.spec.model_dir}; kept traces go to {self.file.path}")
         self._thread.start()
 
     def take(self) -> dict[int, tuple[np.ndarray, float]]:
@@ -96,19 +87,18 @@ class LiveTeacher:
 
     # -- the teacher's thread
     def _run(self) -> None:
-        from actors.host import EngineHost
         from tasks.rewards import scorer_for
 
         scorer = scorer_for(self.cfg) if self._reward_fn is None else self._reward_fn
         failures = 0
         try:
             while self.todo and not self._stop.is_set():
-                host = self._host = EngineHost(self.spec, name="teacher")
                 before = self.counts.from_teacher + self.counts.rejected
                 try:
-                    host.start()
+                    host = self.engine.live()
                     host.call(self._drain(host.engine, scorer))
                 except Exception as e:  # noqa: BLE001 — any engine failure: replace it, like an actor's
+                    self.engine.discard()
                     why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                     failures = 0 if self.counts.from_teacher + self.counts.rejected > before else failures + 1
                     if failures > MAX_RESTARTS or self._stop.is_set():
@@ -119,14 +109,11 @@ class LiveTeacher:
                     self.restarts += 1
                     self.log(f"[teacher] the teacher's engine died ({why}): replaced, {len(self.todo)} prompts "
                              "still queued (its unfinished ones re-queued)")
-                finally:
-                    self._host = None
-                    with contextlib.suppress(Exception):  # a dead engine may not shut down cleanly
-                        host.close()
             if not self.todo:
                 self.log(f"[teacher] live traces done: {self.counts.from_teacher} kept, {self.counts.rejected} "
                          f"rejected by the reward, {self.file.written} written to {self.file.path}")
         finally:
+            self.engine.discard()
             if self._reward_fn is None:
                 scorer.close()
 

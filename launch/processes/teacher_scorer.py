@@ -27,15 +27,13 @@ the teacher (it cannot train this batch without its targets; `--resume` continue
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from launch.processes.teacher_role import MAX_RESTARTS, batch_deadline_s
+from launch.processes.teacher_engine import MAX_RESTARTS, TeacherEngine, batch_deadline_s
 
 
 class TeacherScorer:
@@ -49,19 +47,16 @@ class TeacherScorer:
         self.temperature = float(cfg.rollout.temperature)
         self.spec = EngineSpec.from_config(cfg, teacher_dir, actor_id=998, weight_transfer=False, lora_rank=0,
                                            devices=devices, extra={"worker_extension_cls": TEMPERED_LOGITS})
+        self.engine = TeacherEngine(self.spec, name="teacher-scorer", ready=self._temper)
         self.deadline_s = batch_deadline_s(cfg)
         self.restarts = 0
         self.score_s = 0.0  # the last batch's scoring seconds (restarts included)
-        self._host = None
-        self._starting: threading.Thread | None = None
-        self._start_error: BaseException | None = None
 
     def start(self) -> None:
         """Start the engine in the background (`score` waits for it)."""
         self.log(f"[teacher] scoring on its own vLLM engine (teacher.scoring=engine): {self.spec.model_dir}, at "
                  f"temperature {self.temperature:g}; the learner ranks do not load it")
-        self._starting = threading.Thread(target=self._start_engine, name="teacher-scorer-start", daemon=True)
-        self._starting.start()
+        self.engine.start()
 
     def score(self, groups: list) -> None:
         """Set `teacher_logprobs` on every sample of `groups`; replaces a dead engine and scores again."""
@@ -70,13 +65,13 @@ class TeacherScorer:
         failures = 0
         while True:
             try:
-                host = self._live_host()
+                host = self.engine.live()
                 scores = host.call(self._score_all(host.engine, samples))
                 break
             except Exception as e:  # noqa: BLE001 — any engine failure: replace it and score the batch again
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 failures += 1
-                self._discard_host()
+                self.engine.discard()
                 if failures > MAX_RESTARTS:
                     raise RuntimeError(f"the teacher's scoring engine failed {failures} times in a row on one batch "
                                        f"({why}) — see the teacher's log above; check the teacher at "
@@ -93,43 +88,12 @@ class TeacherScorer:
         return {"time/teacher_score_s": self.score_s, "teacher/engine_restarts": self.restarts}
 
     def close(self) -> None:
-        if self._starting is not None:
-            self._starting.join(300)
-        self._discard_host()
+        self.engine.close()
 
-    # -- the engine
-    def _start_engine(self) -> None:
-        from actors.host import EngineHost
-
-        host = EngineHost(self.spec, name="teacher-scorer")
-        try:
-            host.start()
-            if self.temperature != 1.0:  # vLLM's prompt log-probs are untempered: divide the logits by T
-                host.call(host.engine.collective_rpc("temper_logits", args=(self.temperature,)), timeout_s=60)
-        except BaseException as e:  # noqa: BLE001 — handed to the driver by `_live_host`
-            self._start_error = e
-            with contextlib.suppress(Exception):
-                host.close()
-            return
-        self._host = host
-
-    def _live_host(self):
-        """The running engine's host: the one starting in the background, else a new one (after a death)."""
-        if self._starting is not None:
-            self._starting.join()
-            self._starting = None
-        elif self._host is None:
-            self._start_engine()
-        if self._start_error is not None:
-            e, self._start_error = self._start_error, None
-            raise e
-        return self._host
-
-    def _discard_host(self) -> None:
-        host, self._host = self._host, None
-        if host is not None:
-            with contextlib.suppress(Exception):  # a dead engine may not shut down cleanly
-                host.close()
+    def _temper(self, host) -> None:
+        """vLLM's prompt log-probs are untempered: a new engine's logits are divided by T (at T ≠ 1)."""
+        if self.temperature != 1.0:
+            host.call(host.engine.collective_rpc("temper_logits", args=(self.temperature,)), timeout_s=60)
 
     async def _score_all(self, engine, samples: list) -> list[np.ndarray]:
         from launch.processes.teacher_scores import score_row

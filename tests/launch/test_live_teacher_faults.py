@@ -33,7 +33,7 @@ def test_a_dead_teacher_engine_is_replaced_and_nothing_is_lost(tmp_path):
     deadline = time.monotonic() + 300
     while teacher.counts.from_teacher + teacher.counts.rejected < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
-    host = teacher._host
+    host = teacher.engine.host
     assert host is not None and host.engine is not None, said
 
     async def kill():

@@ -60,7 +60,7 @@ def rows_at_the_edges(tokenizer, cfg) -> list:
 def tempered(scorer: TeacherScorer, temperature: float):
     """The module's engine at `temperature`, as `TeacherScorer` tempers an engine at start, and back to 1 after
     (the scale is divided by T, then by 1/T: x / x = 1 exactly)."""
-    host = scorer._live_host()
+    host = scorer.engine.live()
     if temperature != 1.0:
         host.call(host.engine.collective_rpc("temper_logits", args=(temperature,)), timeout_s=60)
     try:
@@ -85,7 +85,7 @@ def test_a_failed_engine_is_replaced_and_the_batch_scored_again(scorer, tokenize
     # the engine under the scorer is gone (a host whose engine is not there: every request raises, as on a dead
     # engine core, without paying for a second engine start): the batch is scored on a replacement, every row
     # once, and one console line says so
-    scorer._host = EngineHost(None, name="gone")
+    scorer.engine.host = EngineHost(None, name="gone")
     groups = make_groups(tokenizer, 2, 4)
     scorer.score(groups)
     assert scorer.restarts == 1 and sum("scoring engine died" in s for s in scorer.said) == 1, scorer.said
