@@ -9,7 +9,9 @@ in OUT_DIR/<study>/<arm>-s<seed>/ and prints its per-seed figures, its statistic
                         collapses per arm and a per-prompt paired bootstrap of the final models pooled over seeds
     steps-opd           per seed, S = the samples OPD needs to reach that seed's GRPO final held-out accuracy;
                         reproduced if S ≤ 2,560 on every seed, direction only if S < 5,120 on every seed, not
-                        reproduced if OPD reaches it on no seed, inconclusive otherwise
+                        reproduced if OPD reaches it on no seed, inconclusive otherwise; beside it the training
+                        seconds to that point and both arms' accuracy at equal training seconds (load-dependent
+                        on a shared machine: the load of each run is in the study's log)
 
     .venv/bin/python bench/evidence/study_tests.py --study steps-hacking-pure --out-dir runs/evidence
 """
@@ -123,8 +125,14 @@ def opd(out_dir: Path, study) -> None:
         co = curve(o[s], study.steps)
         hit = next((c["samples"] for c in co[1:] if c["accuracy"] >= target), None)
         got.append(hit)
+        cg = curve(g[s], study.steps)
+        secs = next((c["train_s"] for c in co[1:] if c["accuracy"] >= target), None)
+        at = min(cg[-1]["train_s"], co[-1]["train_s"])  # equal training seconds: the shorter run's
+        acc_at = [[c for c in cx if c["train_s"] <= at][-1]["accuracy"] for cx in (cg, co)]  # the model then
         print(f"  seed {s}: GRPO's end {target:.3f}; OPD's end {co[-1]['accuracy']:.3f}; "
-              f"OPD reached it after {hit if hit is not None else 'never (of ' + str(total) + ')'} samples")
+              f"OPD reached it after {hit if hit is not None else 'never (of ' + str(total) + ')'} samples"
+              + (f" and {secs:.0f} training s (GRPO's whole run: {cg[-1]['train_s']:.0f} s)" if secs is not None else "")
+              + f"; at equal training seconds ({at:.0f} s) GRPO {acc_at[0]:.3f}, OPD {acc_at[1]:.3f}")
     if not got:
         print("no paired seeds")
         return
