@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from configs.concurrency import CPU_PROMPTS_IN_FLIGHT
 from configs.schema import RunConfig
 from configs.shared import GPU_MEMORY_UTILIZATION
+from launch.planning.bundles import Bundle, Node, ResourceError, copies, short_in, take
 from launch.planning.engine_load import idle_note
 from launch.planning.feed_rate import feed_note
 from launch.planning.memory_estimate import estimate_line
@@ -44,57 +45,6 @@ from launch.planning.model_shape import ModelShape
 ENGINE_OVERHEAD_GIB = 1.5  # measured RSS of one vLLM-CPU engine (tiny model) beyond its KV cache
 LEARNER_OVERHEAD_GIB = 1.0
 MIN_CPUS_PER_ACTOR = 0.25  # below a quarter core an engine is too slow to be worth suggesting
-_EPS = 1e-9
-
-
-class ResourceError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class Node:
-    """What one node has: Ray's totals (CPU, GPU, memory in GiB, custom resources by name)."""
-
-    name: str
-    cpus: float
-    gpus: float
-    memory_gib: float
-    custom: Mapping[str, float] = field(default_factory=dict)
-
-    def capacity(self) -> dict[str, float]:
-        return {"CPU": self.cpus, "GPU": self.gpus, "memory": self.memory_gib, **self.custom}
-
-    def figures(self) -> str:
-        extra = "".join(f", {k} {v:g}" for k, v in sorted(self.custom.items()))
-        return f"{self.cpus:g} CPU, {self.gpus:g} GPU, {self.memory_gib:.1f} GiB{extra}"
-
-    def describe(self) -> str:
-        return f"{self.name}: {self.figures()}"
-
-
-@dataclass(frozen=True)
-class Bundle:
-    """One role's share of a node. `ray_resources()` is what the placement group reserves (memory is
-    checked by `plan` only: Ray's memory resource is an estimate taken when the node started)."""
-
-    cpus: float
-    gpus: float
-    memory_gib: float
-    custom: Mapping[str, float] = field(default_factory=dict)
-
-    def demand(self) -> dict[str, float]:
-        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, "memory": self.memory_gib,
-                                  **self.custom}.items() if v > 0}
-
-    def ray_resources(self) -> dict[str, float]:
-        return {k: v for k, v in {"CPU": self.cpus, "GPU": self.gpus, **self.custom}.items() if v > 0}
-
-    def describe(self) -> str:
-        parts = [f"{self.gpus:g} GPU"] if self.gpus else []
-        parts += [f"{self.cpus:g} CPU", f"~{self.memory_gib:g} GiB"] + [f"{k} {v:g}" for k, v in sorted(self.custom.items())]
-        return " + ".join(parts)
-
-
 @dataclass(frozen=True)
 class Plan:
     """Bundles to reserve and where `plan` found room for them (Ray makes the real placement).
@@ -161,13 +111,13 @@ def _without_teachers(nodes: Sequence[Node], driver: str | None, n: int, b: Bund
                             f"driver's node ({driver}) is not among the cluster's nodes "
                             f"({', '.join(node.name for node in nodes)}). Fix: run algo-train on a node of the cluster")
     free = nodes[i].capacity()
-    if _copies(free, b.demand()) < n:
-        short = _short_in([free], n, b)
+    if copies(free, b.demand()) < n:
+        short = short_in([free], n, b)
         raise ResourceError(f"cannot start this run: {n} teacher engine(s) × [{b.describe()}] run in the driver's "
                             f"process, on its node, which lacks room ({nodes[i].describe()}: {short}). Fix: run "
                             f"algo-train on a node with {n * b.gpus:g} GPU(s) free for the teacher, or "
                             "--set teacher.scoring=learner (distillation) or teacher.live_traces=off (LUFFY)")
-    _take(free, b.demand(), n)
+    take(free, b.demand(), n)
     cpus, gpus, mem = free.pop("CPU"), free.pop("GPU"), free.pop("memory")
     return [*nodes[:i], Node(nodes[i].name, cpus, gpus, mem, free), *nodes[i + 1:]]
 
@@ -266,47 +216,36 @@ def role_bundles(cfg: RunConfig) -> tuple[Bundle, Bundle]:
             Bundle(r.cpus_per_actor, r.gpus_per_actor, kv_host + ENGINE_OVERHEAD_GIB, dict(r.custom_resources)))
 
 
-def _copies(free: Mapping[str, float], need: Mapping[str, float]) -> int:
-    """How many bundles of `need` fit into `free` (a bundle that needs nothing counts as fitting once more
-    than any real count, which never happens: every bundle asks for CPUs)."""
-    return min((math.floor((free.get(k, 0.0) + _EPS) / v) for k, v in need.items()), default=10**9)
-
-
-def _take(free: dict[str, float], need: Mapping[str, float], n: int) -> None:
-    for k, v in need.items():
-        free[k] = free.get(k, 0.0) - n * v
-
-
 def _place(nodes: Sequence[Node], ranks: int, actors: int, rank_b: Bundle, actor_b: Bundle):
     """Mirror of Ray's order: ranks (STRICT_PACK on the best single node, else PACK), then actors (SPREAD).
     Returns (strategy, ranks placed per node, actors placed per node)."""
     rn, an = rank_b.demand(), actor_b.demand()
     caps = [n.capacity() for n in nodes]
-    whole = [i for i, c in enumerate(caps) if _copies(c, rn) >= ranks]
+    whole = [i for i, c in enumerate(caps) if copies(c, rn) >= ranks]
     placed_r = [0] * len(nodes)
     if whole:
         def room_after(i: int) -> int:
             free = dict(caps[i])
-            _take(free, rn, ranks)
-            return _copies(free, an) + sum(_copies(c, an) for j, c in enumerate(caps) if j != i)
+            take(free, rn, ranks)
+            return copies(free, an) + sum(copies(c, an) for j, c in enumerate(caps) if j != i)
 
         best = max(whole, key=room_after)  # first such node on ties
         placed_r[best], strategy = ranks, "STRICT_PACK"
     else:
         strategy, left = "PACK", ranks
-        for i in sorted(range(len(nodes)), key=lambda i: -_copies(caps[i], rn)):
-            placed_r[i] = min(left, _copies(caps[i], rn))
+        for i in sorted(range(len(nodes)), key=lambda i: -copies(caps[i], rn)):
+            placed_r[i] = min(left, copies(caps[i], rn))
             left -= placed_r[i]
     for i, c in enumerate(caps):
-        _take(c, rn, placed_r[i])
+        take(c, rn, placed_r[i])
     placed_a = [0] * len(nodes)
     for _ in range(actors):
-        open_ = [i for i, c in enumerate(caps) if _copies(c, an) >= 1]
+        open_ = [i for i, c in enumerate(caps) if copies(c, an) >= 1]
         if not open_:
             break
         i = min(open_, key=lambda i: placed_a[i])
         placed_a[i] += 1
-        _take(caps[i], an, 1)
+        take(caps[i], an, 1)
     return strategy, placed_r, placed_a
 
 
@@ -387,28 +326,17 @@ def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False, driver: st
                 if teachers else ""))
     if sum(pr) < ranks:
         found = f"room for only {sum(pr)} of the {ranks} learner ranks"
-        short_of = _short_in([n.capacity() for n in nodes], ranks, rank_b)
+        short_of = short_in([n.capacity() for n in nodes], ranks, rank_b)
     else:
         found = f"room for the learner ranks but for only {sum(pa)} of the {actors} actors beside them"
         left = [n.capacity() for n in nodes]
         for c, r in zip(left, pr):
-            _take(c, rank_b.demand(), r)
-        short_of = _short_in(left, actors, actor_b)
+            take(c, rank_b.demand(), r)
+        short_of = short_in(left, actors, actor_b)
     fixes = _fixes(cfg, nodes, ranks, actors, rank_b, actor_b, sum(pr), sum(pa))
     fixes.append("add nodes to the cluster" if joined else "join a larger cluster with --ray-address ADDR")
     raise ResourceError(f"cannot start this run: asked {asked}; nodes: {have}; {found} ({short_of}). "
                         f"Fix: {' or '.join(fixes)}.")
-
-
-def _short_in(free: Sequence[Mapping[str, float]], count: int, b: Bundle) -> str:
-    """Which resources the `count` bundles lack in total, or that the room is split across nodes."""
-    short = []
-    for k, v in b.demand().items():
-        total = sum(max(0.0, f.get(k, 0.0)) for f in free)
-        if count * v > total + _EPS:
-            unit = " GiB of memory" if k == "memory" else f" {k}"
-            short.append(f"{count * v:.4g}{unit} needed, {total:.4g} free")
-    return ", ".join(short) if short else "enough in total, but split across nodes: no node holds one more bundle"
 
 
 def start_lines(cfg: RunConfig) -> list[str]:
