@@ -258,7 +258,20 @@ STUDIES[STEPS_OPD.name] = STEPS_OPD
 # result). Five seeds each (`--seeds 0 1 2 3 4`). Every study below names its precondition; `differs` says
 # which settings differ from its paper and why. A precondition that fails its pre-check means the study is
 # not run as registered (a new registration, committed before its runs, replaces it).
-SPARSE = ("data.arithmetic.level=null", "data.arithmetic.min_digits=6", "data.arithmetic.max_digits=6")
+#
+# Re-registered 2026-11-29 10:00 UTC, before any run of steps-credit, steps-luffy-beyond5 or steps-pacs5: their
+# first registration (commit 64faf93) trained on 6-digit +/-, where the warm model answers 0 of 4,096 samples
+# (bench/evidence/level_precheck.py, RESULTS "Level pre-checks"), so none of the three could run as registered.
+# Each now trains on a level its pre-check passed (figures in PRECONDITION), chosen among the digit ranges
+# 3-5, 4-5, 4-6, 5, 5-6 by that pre-check alone, before any of its runs.
+def level(lo: int, hi: int) -> tuple[str, ...]:
+    """Overrides of a +/- level of `lo`-`hi` digit operands (each operand's digits drawn uniformly)."""
+    return ("data.arithmetic.level=null", f"data.arithmetic.min_digits={lo}", f"data.arithmetic.max_digits={hi}")
+
+
+CREDIT_LEVEL = level(4, 5)  # the testbed's own level (steps-main): sampled train accuracy 0.081
+BEYOND_LEVEL = level(5, 6)  # held-out pass@8 0.007: one column past on 3 of 4 problems
+PACS_LEVEL = level(5, 5)  # held-out pass@64 0.44, pass@1 0.021
 FILTERED = ("buffer.filter=accuracy_window", "buffer.acc_lo=0.2", "buffer.acc_hi=0.8")
 BIASED_PRM = "pure.prm=bench/evidence/prm_rules.py:biased_steps"
 PRM_ONLY = ("pure.c_vr=0.0", "learner.lr=5e-5")  # the PURE paper halves the lr of its PRM-only runs
@@ -267,27 +280,37 @@ SUM = ("pure.credit=gamma", "pure.gamma=1.0")
 CONSTANT_LR = ("learner.lr_schedule=constant", "learner.warmup_steps=0")
 
 DIFFERS: dict[str, str] = {
-    "steps-credit": "tiny 4-layer model on 6-digit +/− (the paper: Qwen2.5-Math-7B on competition maths), so "
-                    "the sparse regime (train accuracy 0.10-0.15 at the start, the paper's) comes from one column "
-                    "past the warm model; 200 steps × 64 samples (the paper: ~600 steps × 256); PRIME's PRM lr at "
-                    "the tiny model's scale, two values (2e-4 = the shipped 2× policy lr; 5e-5 = ½× policy lr) "
-                    "since no single value transfers; PURE with the exact rule PRM (the paper: a learned PRM) as "
-                    "the dense-credit arm with a PRM that cannot be wrong",
+    "steps-credit": "tiny 4-layer model on the testbed's own 4-5 digit +/− (the paper: Qwen2.5-Math-7B on "
+                    "competition maths); its sampled train accuracy at the start is 0.081, a little sparser than "
+                    "the paper's 0.10-0.15, which no level of this warm model gives (3-5 digits 0.037, 4-6 "
+                    "0.010, 5-6 0.001); 200 steps × 64 trained samples (the paper: ~600 steps × 256); PRIME's "
+                    "PRM lr at the tiny model's scale, two values (2e-4 = the shipped 2× policy lr; 5e-5 = ½× "
+                    "policy lr) since no single value transfers; PURE with the exact rule PRM (the paper: a "
+                    "learned PRM) as the dense-credit arm with a PRM that cannot be wrong",
     "steps-hacking-pure": "a biased rule PRM (bench/evidence/prm_rules.py) stands for the paper's learned PRM: "
                           "controlled bias (no-claim steps +0.3, a boxless last step −0.5), deterministic, so the "
                           "paper's several PRM seeds become one PRM; 80 steps (the paper: collapse within ~100)",
-    "steps-luffy-beyond5": "6-digit +/− (one column past the warm model's 4-5) for a pass@8 of 0-0.05 (the "
-                           "paper: hard maths for a weak model); teacher rows from the task's references",
+    "steps-luffy-beyond5": "5-6 digit +/− (operands of 5 or 6 digits: one column past the warm model's 4-5 on "
+                           "3 problems in 4) for a held-out pass@8 of 0-0.05 (the paper: hard maths for a weak "
+                           "model; 6 digits alone gave 0); teacher rows from the task's references, not a "
+                           "stronger model's; a 4-layer model, 250 steps × 64 samples",
     "steps-pacs5": "tiny model, lr 2.5e-5 at 4 optimiser steps per RL step in both arms (lower than the shipped "
-                   "1e-4, where both arms dipped); 6-digit level so the warm model's pass@64 < 0.9",
+                   "1e-4, where both arms dipped); 5-digit operands only, so the warm model's pass@64 is 0.44 "
+                   "(< 0.9, and > 0: 6 digits gave 0, nothing to learn from); 250 steps × 64 samples",
 }
 PRECONDITION: dict[str, str] = {
-    "steps-credit": "RLOO-arm train accuracy 0.10-0.15 at step 0 on the sparse level (pre-check: warm model's "
-                    "sampled accuracy at rollout.n = 4 on 64 train prompts)",
+    "steps-credit": "RLOO-arm train accuracy at the start in the sparse regime, re-registered as 0.05-0.15 (the "
+                    "first registration's 0.10-0.15 is reached by no level of this warm model: DIFFERS): PASS at "
+                    "4-5 digits, 0.081 (the warm model's sampled accuracy on 64 train prompts × 16 samples; "
+                    "the study's first RLOO steps will show it again)",
     "steps-hacking-pure": "the biased PRM orders a group's right and wrong answers better than chance and scores a "
                           "bare fragment below a correct step (bench/evidence/prm_precheck.py)",
-    "steps-luffy-beyond5": "warm model's held-out pass@8 in (0, 0.05]",
-    "steps-pacs5": "warm model's pass@64 < 0.9 on the level; GRPO's answer-token entropy falls over the run",
+    "steps-luffy-beyond5": "warm model's held-out pass@8 in (0, 0.05]: PASS at 5-6 digits, 0.0074 (32 held-out "
+                           "prompts × 64 samples at temperature 1; pass@64 0.031)",
+    "steps-pacs5": "warm model's pass@64 < 0.9 on the level: PASS at 5 digits, 0.44 (32 held-out prompts × 64 "
+                   "samples; pass@1 0.021); and GRPO's response-token entropy falls over the run (read from "
+                   "the study's own GRPO runs: mean `entropy` of steps 226-250 below that of steps 1-25 on at "
+                   "least 4 of 5 seeds; otherwise the verdict is inconclusive, whatever the test says)",
 }
 
 ISSUE43 = (
@@ -299,8 +322,21 @@ ISSUE43 = (
            Arm("prime-prm2e-4", "prime", ("prime.prm_lr=2e-4",)),
            Arm("prime-prm5e-5", "prime", ("prime.prm_lr=5e-5",)),
            Arm("pure-rule", "pure", ("pure.prm=rule", *FILTERED))),
-          steps=200, eval_every=10, baseline="rloo", common=SPARSE, testbed="steps",
-          traces=("accuracy/train_generated", "samples/generated", "accuracy/train", "prime/dpo_acc")),
+          steps=200, eval_every=10, baseline="rloo", common=CREDIT_LEVEL, testbed="steps",
+          traces=("accuracy/train", "buffer/generated_samples", "buffer/generated_correct", "prime/dpo_acc"),
+          registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
+                     "failed its pre-check). Four arms from the testbed's warm model, 200 steps × 64 trained "
+                     "samples each, seeds 0-4. The paper's metric: training accuracy on all generated rollouts "
+                     "before the filter, over a window of 20 steps, = Δ buffer/generated_correct / Δ "
+                     "buffer/generated_samples. Test, per dense arm (prime-prm2e-4, prime-prm5e-5, pure-rule) "
+                     "and seed: target = RLOO's metric over its steps 181-200; S = the arm's "
+                     "buffer/generated_samples at the first step t ≥ 20 whose window (t-19 ... t) reaches the "
+                     "target; N = RLOO's buffer/generated_samples at step 200. Verdict per arm: reproduced if "
+                     "S ≤ N/2 on all 5 seeds (the paper: 0.4 N); direction only if S < N on all 5 but not all "
+                     "within half; not reproduced if the arm reaches the target on no seed; inconclusive "
+                     "otherwise. Reported beside it, not tested: the paired final held-out greedy accuracy, arm "
+                     "− RLOO (paired_accuracy_delta, df = 4), each arm's metric curve against generated samples, "
+                     "and RLOO's accuracy over its first 10 steps (the precondition seen in the runs)."),
     Study("steps-hacking-pure", "PURE hacking: {sum, min} × {PRM only, PRM + VR on 10% of prompts} and a verifier-"
           "only control, with a biased rule PRM",
           "PURE (Cheng et al. 2025, §4.3 Fig. 2): PRM-only sum-form collapses early (PRM reward up, accuracy "
@@ -328,13 +364,34 @@ ISSUE43 = (
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance learns where on-policy rollouts almost never "
           "succeed; on-policy GRPO's train reward stays near zero",
           (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=250, eval_every=10, baseline="grpo",
-          common=(*SPARSE, *CONSTANT_LR, "loss.entropy_coef=0.001"), threshold=0.05, testbed="steps",
-          traces=("accuracy/train", "luffy/reward_onpolicy", "entropy")),
+          common=(*BEYOND_LEVEL, *CONSTANT_LR, "loss.entropy_coef=0.001"), threshold=0.05, testbed="steps",
+          traces=("accuracy/train", "accuracy/train_groups_solved", "luffy/reward_onpolicy", "entropy"),
+          registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
+                     "failed its pre-check). Both arms from the testbed's warm model, 250 steps × 64 samples, "
+                     "constant lr, entropy coefficient 0.001 in both, LUFFY at the paper's options (1 of 8 rows "
+                     "a teacher row, grpo_split advantages, p/(p + 0.1) shaping), seeds 0-4. "
+                     "Test: Δ = final held-out greedy accuracy LUFFY − GRPO, paired over the 5 seeds "
+                     "(bench.common.stats.paired_accuracy_delta, df = 4), paper's sign +1, matters 0.05 (the "
+                     "study's threshold): words by bench.common.stats.verdict. Reported beside it, not tested: "
+                     "on-policy train accuracy (accuracy/train: generated rows only) and the share of groups with "
+                     "at least one right generated row (accuracy/train_groups_solved), each as the mean of steps "
+                     "201-250 per arm, paired over seeds; the held-out pass@8 of each final model (200 held-out "
+                     "prompts × 8 samples at temperature 1, bench/evidence/level_precheck.py's sampler)."),
     Study("steps-pacs5", "PACS against GRPO at lr 2.5e-5, 4 optimiser steps each, 250 steps",
           "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples, most at large-k pass@k, and "
           "keeps entropy where GRPO's collapses",
           (Arm("grpo", "grpo", ("learner.mini_batches=4",)), Arm("pacs", "pacs")), steps=250, eval_every=10,
-          baseline="grpo", testbed="steps", common=(*SPARSE, "learner.lr=2.5e-5"),
-          traces=("accuracy/train", "entropy", "response/length_mean")),
+          baseline="grpo", testbed="steps", common=(*PACS_LEVEL, "learner.lr=2.5e-5"),
+          traces=("accuracy/train", "entropy", "response/length_mean"),
+          registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
+                     "failed its pre-check). Both arms from the testbed's warm model at lr 2.5e-5 and 4 optimiser "
+                     "steps per RL step (GRPO: learner.mini_batches=4; PACS: its config's 4), 250 steps × 64 "
+                     "samples, seeds 0-4. Test: Δ = final held-out greedy accuracy PACS − GRPO, paired over the "
+                     "5 seeds (paired_accuracy_delta, df = 4), paper's sign +1, matters 0.05; words by "
+                     "bench.common.stats.verdict, and inconclusive whatever it says if the precondition's "
+                     "entropy half fails (PRECONDITION). Reported beside it, not tested: each arm's entropy over "
+                     "the run, and the final models' pass@k for k = 1 ... 64 (64 held-out prompts × 64 samples "
+                     "at temperature 1), PACS − GRPO per k paired over seeds: the paper's gain is largest at "
+                     "large k."),
 )
 STUDIES.update({s.name: s for s in ISSUE43})

@@ -67,6 +67,7 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
     return {
         "version": version,
         "accuracy/train": sum(r >= 1.0 for r in generated) / len(generated) if generated else None,
+        "accuracy/train_groups_solved": groups_solved(groups),
         "throughput/samples_per_s": samples / times.since_last_s,
         "throughput/tokens_per_s": tokens / times.since_last_s,
         "time/generate_wait_s": times.wait_s, "time/train_s": times.train_s, "time/weight_sync_s": times.sync_s,
@@ -85,6 +86,15 @@ def step_row(groups: list, times: StepTimes, sync: dict, buffer: dict, *, versio
         **response_metrics(groups), **reward_metrics(actor_reports), **weight_metrics(actor_reports),
         **engine_metrics(actor_reports), **repair_metrics(actor_reports), **tool_rows(groups, env_metrics(actor_reports)),
     }
+
+
+def groups_solved(groups: list) -> float | None:
+    """Share of the batch's groups holding at least one generated row with reward 1 (a demonstration row does
+    not count; a group of demonstrations only is left out); None when no group has a generated row. Where
+    rewards are sparse it says how many prompts the policy reaches on its own (LUFFY's paper plots it)."""
+    solved = [any(s.reward >= 1.0 for s in own) for g in groups
+              if (own := [s for s in g.samples if s.finish_reason != "demo"])]
+    return sum(solved) / len(solved) if solved else None
 
 
 def tool_rows(groups: list, env: dict) -> dict:

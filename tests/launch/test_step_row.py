@@ -35,6 +35,7 @@ def test_a_step_row_by_hand():
     assert row == {
         "version": 4,
         "accuracy/train": pytest.approx(2 / 3),  # generated rewards 1, 0, 1
+        "accuracy/train_groups_solved": 1.0,  # each group has a generated 1
         "throughput/samples_per_s": pytest.approx(4 / 3),  # 4 samples in 3 s
         "throughput/tokens_per_s": 6.0,  # 3 + 5 + 4 + 6 = 18 tokens in 3 s
         "response/length_mean": 4.0,  # generated lengths 3, 5, 4 (the demonstration's 6 is not one): 12 / 3
@@ -59,10 +60,21 @@ def test_a_step_without_a_settled_push_or_generated_samples():
     row = step_row([_group(_sample(1.0, "demo", 2))], StepTimes(0.0, 1.0, 0.0, since_last_s=2.0, wall_s=2.0), {}, {},
                    version=1, actor_restarts=0, buffer_restarts=0, actor_reports=[])
     assert row["accuracy/train"] is None and row["throughput/tokens_per_s"] == 1.0
+    assert row["accuracy/train_groups_solved"] is None  # no group has a generated row
     assert (row["weight_sync/gbps"], row["weight_sync/push_s"], row["weight_sync/refused"]) == (None, None, 0)
     assert (row["buffer/filtered"], row["reward/errors"]) == (0, 0)
     assert (row["response/length_mean"], row["response/length_max"], row["response/clipped_frac"]) == (None,) * 3
     assert (row["actors/seqs_in_flight"], row["actors/seq_capacity"], row["actors/engine_occupancy"]) == (None,) * 3
+
+
+def test_a_group_is_solved_by_its_own_rows_only():
+    groups = [_group(_sample(0.0, "stop", 1), _sample(0.0, "stop", 1)),  # none right
+              _group(_sample(0.0, "stop", 1), _sample(1.0, "length", 1)),  # one right: solved
+              _group(_sample(0.0, "stop", 1), _sample(1.0, "demo", 1)),  # only the demonstration is right
+              _group(_sample(1.0, "demo", 1))]  # no generated row: left out
+    row = step_row(groups, StepTimes(0.0, 1.0, 0.0, since_last_s=1.0, wall_s=1.0), {}, {}, version=1,
+                   actor_restarts=0, buffer_restarts=0, actor_reports=[])
+    assert row["accuracy/train_groups_solved"] == pytest.approx(1 / 3)  # 1 of the 3 groups with generated rows
 
 
 def test_merging_refuses_a_key_two_writers_write():
