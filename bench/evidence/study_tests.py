@@ -12,6 +12,19 @@ in OUT_DIR/<study>/<arm>-s<seed>/ and prints its per-seed figures, its statistic
                         reproduced if OPD reaches it on no seed, inconclusive otherwise; beside it the training
                         seconds to that point and both arms' accuracy at equal training seconds (load-dependent
                         on a shared machine: the load of each run is in the study's log)
+    steps-credit        per dense arm and seed, S = the generated samples the arm needs until its training accuracy
+                        on all generated rollouts (20-step window) reaches RLOO's over steps 181-200, against N,
+                        RLOO's generated samples; the rule of steps-opd on (S, N) with N per seed; beside it the
+                        paired final held-out accuracy
+    steps-luffy-beyond5 final held-out accuracy LUFFY − GRPO, paired, paper's sign +1, matters 0.05; beside it the
+                        on-policy train accuracy and accuracy/train_groups_solved of steps 201-250, and (--sample)
+                        each final model's held-out pass@8
+    steps-pacs5         final held-out accuracy PACS − GRPO, paired, +1, matters 0.05, inconclusive unless GRPO's
+                        entropy fell (last 25 steps below the first 25) on at least 4 of 5 seeds; beside it
+                        (--sample) the final models' pass@k, k = 1 ... 64
+
+`--sample` also samples each finished run's final model on held-out prompts (one vLLM engine, a few minutes per
+run; cached as final_sampled_<prompts>x<samples>.json in the run's folder).
 
     .venv/bin/python bench/evidence/study_tests.py --study steps-hacking-pure --out-dir runs/evidence
 """
@@ -19,6 +32,7 @@ in OUT_DIR/<study>/<arm>-s<seed>/ and prints its per-seed figures, its statistic
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -116,6 +130,129 @@ def prm_frozen(out_dir: Path, study) -> None:
     say_verdict(f"online − frozen change of prime/dpo_acc over {len(deltas)} seeds", m, se, len(deltas) - 1, +1, 0.05)
 
 
+def window_mean(run: Path, key: str, first: int, last: int) -> float | None:
+    """Mean of `key` over the training rows of steps first ... last that hold it."""
+    xs = [r[key] for r in training_rows(load_rows(run)) if first <= r["step"] <= last and r.get(key) is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def generated_windows(run: Path, width: int = 20) -> dict[int, tuple[float, int]]:
+    """step t -> (training accuracy on every generated rollout of steps t-width+1 ... t, before any filter:
+    Δ buffer/generated_correct / Δ buffer/generated_samples; and buffer/generated_samples at t), for t ≥ width."""
+    n, c = {0: 0}, {0: 0}
+    for r in training_rows(load_rows(run)):
+        n[r["step"]], c[r["step"]] = r["buffer/generated_samples"], r["buffer/generated_correct"]
+    return {t: ((c[t] - c[t - width]) / (n[t] - n[t - width]), n[t])
+            for t in sorted(n) if t >= width and t - width in n and n[t] > n[t - width]}
+
+
+def samples_word(pairs: list[tuple[int | None, int]]) -> str:
+    """The rule of steps-opd and steps-credit on (S, N) per seed: S the samples the arm needed to reach the
+    baseline's end (None: never), N the baseline's own samples to its end."""
+    if all(x is not None and x <= n / 2 for x, n in pairs):
+        return "reproduced"
+    if all(x is not None and x < n for x, n in pairs):
+        return "direction only"
+    if all(x is None for x, _ in pairs):
+        return "not reproduced"
+    return "inconclusive"
+
+
+def final_sampled(study, arm_name: str, seed: int, run: Path, prompts: int, samples: int) -> dict:
+    """pass@k and accuracy of the run's final model on `prompts` held-out prompts × `samples` samples at the
+    study's sampling settings (bench/evidence/level_precheck.py's sampler), cached in the run's folder."""
+    cache = run / f"final_sampled_{prompts}x{samples}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    from bench.evidence.evidence_studies import config_file, run_overrides
+    from bench.evidence.level_precheck import sampled
+    from configs.loading import resolve
+
+    arm = next(a for a in study.arms if a.name == arm_name)
+    cfg = resolve(arm.algo, config_file(study), overrides=[*run_overrides(study, arm, seed),
+                                                            f"model.path={run / 'hf' / f'step_{study.steps}'}"])
+    figures = sampled(cfg, "held_out", prompts, samples)
+    cache.write_text(json.dumps(figures))
+    return figures
+
+
+def paired_sampled(out_dir: Path, study, arm: str, base: str, prompts: int, samples: int, keys) -> None:
+    """Each key of the final models' sampled figures per arm, and arm − base paired over seeds."""
+    a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
+    seeds = sorted(set(a) & set(b))
+    fa = [final_sampled(study, arm, s, a[s], prompts, samples) for s in seeds]
+    fb = [final_sampled(study, base, s, b[s], prompts, samples) for s in seeds]
+    for key in keys:
+        m, se = mean_se([x[key] - y[key] for x, y in zip(fa, fb)])
+        print(f"  {key} ({prompts} prompts × {samples} samples, {len(seeds)} seeds): {arm} "
+              f"{statistics.fmean(x[key] for x in fa):.3f}, {base} {statistics.fmean(y[key] for y in fb):.3f}, "
+              f"Δ {m:+.3f} ± {se or 0:.3f}")
+
+
+def paired_windows(out_dir: Path, study, arm: str, base: str, key: str, first: int, last: int) -> None:
+    a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
+    pairs = [(window_mean(a[s], key, first, last), window_mean(b[s], key, first, last)) for s in sorted(set(a) & set(b))]
+    pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
+    if pairs:
+        m, se = mean_se([x - y for x, y in pairs])
+        print(f"  {key}, steps {first}-{last}: {arm} {statistics.fmean(x for x, _ in pairs):.3f}, {base} "
+              f"{statistics.fmean(y for _, y in pairs):.3f}, Δ {m:+.3f} ± {se or 0:.3f} ({len(pairs)} seeds)")
+
+
+def final_test(out_dir: Path, study, arm: str, base: str, matters: float, inconclusive_why: str = "") -> None:
+    print(f"{arm} − {base}, final held-out greedy accuracy:")
+    d = paired_final(out_dir, study, arm, base)
+    if d is None:
+        print("  fewer than 2 paired seeds: no test")
+        return
+    say_verdict(f"  over {d['seeds']} seeds", d["delta"], d["sigma"], d["df"], +1, matters)
+    if inconclusive_why:
+        print(f"  -> inconclusive by the registration, whatever the test says: {inconclusive_why}")
+
+
+def credit(out_dir: Path, study) -> None:
+    base = runs(out_dir, study.name, "rloo")
+    for s, run in sorted(base.items()):
+        start = generated_windows(run, width=10).get(10)
+        print(f"  RLOO seed {s}: accuracy on all generated rollouts of steps 1-10 "
+              f"{start[0]:.3f} (the precondition: 0.05-0.15)" if start else f"  RLOO seed {s}: no steps 1-10")
+    for arm in (a.name for a in study.arms if a.name != "rloo"):
+        got = runs(out_dir, study.name, arm)
+        pairs = []
+        for s in sorted(set(base) & set(got)):
+            target, total = generated_windows(base[s])[study.steps]
+            hit = next((n for _, (acc, n) in sorted(generated_windows(got[s]).items()) if acc >= target), None)
+            pairs.append((hit, total))
+            print(f"  seed {s}: RLOO's end {target:.3f} after {total} generated samples; {arm} reached it after "
+                  f"{hit if hit is not None else 'never'}")
+        if pairs:
+            print(f"{arm}: S over {len(pairs)} seeds {[x for x, _ in pairs]} -> {samples_word(pairs)}")
+            final_test(out_dir, study, arm, "rloo", 0.05)
+
+
+def luffy(out_dir: Path, study, sample: bool = False) -> None:
+    final_test(out_dir, study, "luffy", "grpo", 0.05)
+    for key in ("accuracy/train", "accuracy/train_groups_solved"):
+        paired_windows(out_dir, study, "luffy", "grpo", key, study.steps - 49, study.steps)
+    if sample:
+        paired_sampled(out_dir, study, "luffy", "grpo", 200, 8, ("pass@1", "pass@8"))
+
+
+def pacs(out_dir: Path, study, sample: bool = False) -> None:
+    fell = []
+    for s, run in sorted(runs(out_dir, study.name, "grpo").items()):
+        first, last = window_mean(run, "entropy", 1, 25), window_mean(run, "entropy", study.steps - 24, study.steps)
+        fell.append(last < first)
+        print(f"  GRPO seed {s}: entropy {first:.3f} (steps 1-25) -> {last:.3f} (last 25)")
+    holds = sum(fell) >= 4
+    print(f"precondition: GRPO's entropy fell on {sum(fell)} of {len(fell)} seeds -> {'holds' if holds else 'absent'}")
+    final_test(out_dir, study, "pacs", "grpo", 0.05,
+               "" if holds else f"GRPO's entropy fell on {sum(fell)} of {len(fell)} seeds, not at least 4")
+    paired_windows(out_dir, study, "pacs", "grpo", "entropy", study.steps - 24, study.steps)
+    if sample:
+        paired_sampled(out_dir, study, "pacs", "grpo", 64, 64, [f"pass@{k}" for k in (1, 2, 4, 8, 16, 32, 64)])
+
+
 def opd(out_dir: Path, study) -> None:
     g, o = runs(out_dir, study.name, "grpo"), runs(out_dir, study.name, "opd")
     total = study.steps * 64
@@ -136,29 +273,23 @@ def opd(out_dir: Path, study) -> None:
     if not got:
         print("no paired seeds")
         return
-    print(f"S over {len(got)} seeds: {got} against GRPO's {total} -> {opd_word(got, total)}")
+    print(f"S over {len(got)} seeds: {got} against GRPO's {total} -> {samples_word([(x, total) for x in got])}")
 
 
-def opd_word(samples: list[int | None], total: int) -> str:
-    """steps-opd's registered rule on S per seed (None: OPD never reached GRPO's end) against GRPO's `total`."""
-    if all(x is not None and x <= total / 2 for x in samples):
-        return "reproduced"
-    if all(x is not None and x < total for x in samples):
-        return "direction only"
-    if all(x is None for x in samples):
-        return "not reproduced"
-    return "inconclusive"
-
-
-TESTS = {"steps-hacking-pure": hacking_pure, "steps-prm-frozen": prm_frozen, "steps-opd": opd}
+TESTS = {"steps-hacking-pure": hacking_pure, "steps-prm-frozen": prm_frozen, "steps-opd": opd, "steps-credit": credit}
+SAMPLING_TESTS = {"steps-luffy-beyond5": luffy, "steps-pacs5": pacs}  # --sample: also sample the final models
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--study", required=True, choices=sorted(TESTS))
+    p.add_argument("--study", required=True, choices=sorted(TESTS | SAMPLING_TESTS))
     p.add_argument("--out-dir", type=Path, default=Path("runs/evidence"))
+    p.add_argument("--sample", action="store_true", help="also sample the final models (module docstring)")
     args = p.parse_args(argv)
-    TESTS[args.study](args.out_dir, STUDIES[args.study])
+    if args.study in TESTS:
+        TESTS[args.study](args.out_dir, STUDIES[args.study])
+    else:
+        SAMPLING_TESTS[args.study](args.out_dir, STUDIES[args.study], sample=args.sample)
     return 0
 
 

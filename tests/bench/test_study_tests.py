@@ -1,12 +1,48 @@
-"""steps-opd's registered verdict rule (bench/evidence/evidence_studies.py, STEPS_OPD.registered) on S, the samples
-OPD needed per seed to reach that seed's GRPO end, against GRPO's 80 × 64 = 5,120."""
+"""The registered verdict rules and measures of bench/evidence/study_tests.py (each study's `registered` text in
+bench/evidence/evidence_studies.py): steps-opd's and steps-credit's rule on (S, N) per seed, the training
+accuracy on all generated rollouts over a window, and window means, on metrics written by hand."""
 
-from bench.evidence.study_tests import opd_word
+import json
+
+import pytest
+
+from bench.evidence.study_tests import generated_windows, samples_word, window_mean
 
 
-def test_the_opd_rule_uses_the_four_words_as_registered():
-    assert opd_word([1280, 2560, 640], 5120) == "reproduced"  # every seed within half (2,560 is half: still in)
-    assert opd_word([1280, 2624, 640], 5120) == "direction only"  # one seed past half, all before the end
-    assert opd_word([1280, 5120, 640], 5120) == "inconclusive"  # reached only at GRPO's own end on one seed
-    assert opd_word([None, None, None], 5120) == "not reproduced"  # never reached on any seed
-    assert opd_word([1280, None, 640], 5120) == "inconclusive"
+def test_the_samples_rule_uses_the_four_words_as_registered():
+    total = 5120  # steps-opd: GRPO's 80 × 64 samples, the same N on every seed
+    assert samples_word([(1280, total), (2560, total), (640, total)]) == "reproduced"  # 2,560 is half: still in
+    assert samples_word([(1280, total), (2624, total), (640, total)]) == "direction only"  # one past half
+    assert samples_word([(1280, total), (5120, total), (640, total)]) == "inconclusive"  # only at the end on one
+    assert samples_word([(None, total)] * 3) == "not reproduced"  # never reached on any seed
+    assert samples_word([(1280, total), (None, total), (640, total)]) == "inconclusive"
+
+
+def test_the_samples_rule_takes_each_seeds_own_n():
+    # steps-credit: RLOO's generated samples differ per seed (its filter drops a varying share)
+    assert samples_word([(6000, 12000), (7000, 15000)]) == "reproduced"  # 6,000 ≤ 12,000 / 2; 7,000 ≤ 7,500
+    assert samples_word([(6001, 12000), (7000, 15000)]) == "direction only"  # 6,001 > 6,000
+
+
+def _run(tmp_path, rows):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"time/train_s": 1.0, **r}) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_training_accuracy_on_all_generated_rollouts_over_a_window(tmp_path):
+    # cumulative generated samples 100 per step, right ones 10, 20, 30, 40 more at steps 1-4
+    rows = [{"step": t, "buffer/generated_samples": 100 * t, "buffer/generated_correct": c}
+            for t, c in ((1, 10), (2, 30), (3, 60), (4, 100))]
+    w = generated_windows(_run(tmp_path, rows), width=2)
+    assert w == {2: (pytest.approx(30 / 200), 200),  # steps 1-2: (30 - 0) / (200 - 0)
+                 3: (pytest.approx(50 / 200), 300),  # steps 2-3: (60 - 10) / (300 - 100)
+                 4: (pytest.approx(70 / 200), 400)}  # steps 3-4: (100 - 30) / (400 - 200)
+
+
+def test_a_window_mean_reads_only_its_steps(tmp_path):
+    rows = [{"step": t, "entropy": e} for t, e in ((1, 1.0), (2, 0.5), (3, None), (4, 0.1))]
+    run = _run(tmp_path, rows)
+    assert window_mean(run, "entropy", 1, 2) == pytest.approx(0.75)  # (1.0 + 0.5) / 2
+    assert window_mean(run, "entropy", 3, 4) == pytest.approx(0.1)  # step 3 holds no value
+    assert window_mean(run, "entropy", 5, 9) is None
