@@ -39,6 +39,9 @@ class Study:
     source: str | None = None
     # the test and the verdict rule fixed before the first run, and the settings that differ from the paper
     registered: str = ""
+    # arm -> the seeds whose runs had not been seen when the test was registered (only for a test registered
+    # after some runs: its verdict is also reported on these alone)
+    unseen: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
@@ -359,7 +362,9 @@ ISSUE43 = (
                      "paper's collapse, which takes accuracy to ~0: here a collapse would be 0.34 → < 0.17). "
                      "Reported beside, not tested: collapses per arm (first evaluation at ≤ ½ the start), the "
                      "change of pure/process_return against accuracy, a per-prompt paired bootstrap of the "
-                     "final models pooled over seeds, and T1/T2 on the seeds not seen when this was written."),
+                     "final models pooled over seeds, and T1/T2 on the seeds not seen when this was written.",
+          unseen=(("vr-only", (3, 4)), ("min-prm", (3, 4)), ("sum-prm", (2, 3, 4)), ("min-mix", (2, 3, 4)),
+                  ("sum-mix", (2, 3, 4)))),
     Study("steps-luffy-beyond5", "LUFFY against GRPO one column past the warm model, constant lr, 250 steps",
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance learns where on-policy rollouts almost never "
           "succeed; on-policy GRPO's train reward stays near zero",

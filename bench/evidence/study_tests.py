@@ -88,7 +88,8 @@ def hacking_pure(out_dir: Path, study) -> None:
             print("  fewer than 2 paired seeds: no test")
             continue
         say_verdict(f"  {name} over {d['seeds']} seeds", d["delta"], d["sigma"], d["df"], sign, 0.10)
-        unseen = paired_final(out_dir, study, arm, base, seeds=(3, 4) if arm == "sum-prm" else (2, 3, 4))
+        not_seen = dict(study.unseen)
+        unseen = paired_final(out_dir, study, arm, base, seeds=set(not_seen[arm]) & set(not_seen[base]))
         if unseen is not None:
             print(f"  on the seeds not seen when the test was registered: Δ {unseen['delta']:+.3f} ± {unseen['sigma']:.3f}")
         a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
