@@ -34,6 +34,10 @@ Studies (bench/evidence/evidence_studies.py holds the exact overrides):
     steps-pacs     GRPO against PACS, both at 4 optimiser steps per RL step;
     steps-prm-frozen  PRIME's implicit PRM online against the same PRM frozen after 10 steps (prime.prm_update),
                    5 seeds: the drift on the paper's pairwise metric (its `registered` test).
+    steps-opd, steps-hacking-pure, steps-credit, steps-luffy-beyond5, steps-pacs5  pre-registered (issues 40
+                   and 43): each Study's `registered` text states its arms' purpose, its test and verdict rule
+                   (in code: bench/evidence/study_tests.py), and DIFFERS / PRECONDITION what differs from the
+                   paper and what was checked before its runs (bench/evidence/level_precheck.py).
              Each names `traces`: training metrics tabulated and drawn over the run (bench/evidence/evidence_traces.py).
   cost       no runs of its own: seconds per sample and seconds to the threshold of each algorithm, from
              the dense and pacs runs (same task, same budget, same machine).
