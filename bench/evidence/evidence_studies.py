@@ -281,6 +281,9 @@ PRM_ONLY = ("pure.c_vr=0.0", "learner.lr=5e-5")  # the PURE paper halves the lr 
 MIXED = ("pure.c_vr=1.0", "pure.vr_fraction=0.1")
 SUM = ("pure.credit=gamma", "pure.gamma=1.0")
 CONSTANT_LR = ("learner.lr_schedule=constant", "learner.warmup_steps=0")
+# the LUFFY paper's reference recipe (REFERENCE_NOTES §4; the audit's item 3): group statistics over every row,
+# the teacher's included; centring without the std; no PPO clip on on-policy tokens
+LUFFY_PAPER = ("luffy.estimator=grpo", "luffy.use_std=false", "luffy.remove_clip=true")
 
 DIFFERS: dict[str, str] = {
     "steps-credit": "tiny 4-layer model on the testbed's own 4-5 digit +/− (the paper: Qwen2.5-Math-7B on "
@@ -368,13 +371,17 @@ ISSUE43 = (
     Study("steps-luffy-beyond5", "LUFFY against GRPO one column past the warm model, constant lr, 250 steps",
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance learns where on-policy rollouts almost never "
           "succeed; on-policy GRPO's train reward stays near zero",
-          (Arm("grpo", "grpo"), Arm("luffy", "luffy")), steps=250, eval_every=10, baseline="grpo",
+          (Arm("grpo", "grpo"), Arm("luffy", "luffy", LUFFY_PAPER)), steps=250, eval_every=10, baseline="grpo",
           common=(*BEYOND_LEVEL, *CONSTANT_LR, "loss.entropy_coef=0.001"), threshold=0.05, testbed="steps",
           traces=("accuracy/train", "accuracy/train_groups_solved", "luffy/reward_onpolicy", "entropy"),
           registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
                      "failed its pre-check). Both arms from the testbed's warm model, 250 steps × 64 samples, "
-                     "constant lr, entropy coefficient 0.001 in both, LUFFY at the paper's options (1 of 8 rows "
-                     "a teacher row, grpo_split advantages, p/(p + 0.1) shaping), seeds 0-4. "
+                     "constant lr, entropy coefficient 0.001 in both, LUFFY with 1 of 8 rows a teacher row and "
+                     "p/(p + 0.1) shaping, seeds 0-4. Amended 2026-11-29 10:01 UTC, before the LUFFY arm's "
+                     "first run and before any result was seen (only GRPO seed 0 had started): the LUFFY arm "
+                     "takes the paper's estimator options as the issue asks (LUFFY_PAPER: advantages over all 8 "
+                     "rows with the teacher row, no std division, no on-policy clip), not the shipped config's "
+                     "grpo_split with std and clip. "
                      "Test: Δ = final held-out greedy accuracy LUFFY − GRPO, paired over the 5 seeds "
                      "(bench.common.stats.paired_accuracy_delta, df = 4), paper's sign +1, matters 0.05 (the "
                      "study's threshold): words by bench.common.stats.verdict. Reported beside it, not tested: "
