@@ -290,8 +290,10 @@ DIFFERS: dict[str, str] = {
                     "competition maths); its sampled train accuracy at the start is 0.081, a little sparser than "
                     "the paper's 0.10-0.15, which no level of this warm model gives (3-5 digits 0.037, 4-6 "
                     "0.010, 5-6 0.001); 200 steps × 64 trained samples (the paper: ~600 steps × 256); PRIME's "
-                    "PRM lr at the tiny model's scale, two values (2e-4 = the shipped 2× policy lr; 5e-5 = ½× "
-                    "policy lr) since no single value transfers; PURE with the exact rule PRM (the paper: a "
+                    "PRM lr at the tiny model's scale, two values (2e-4 = the shipped 2× policy lr; 1e-3, where "
+                    "an earlier study's prime/dpo_acc held 0.56-0.61, as the audit proposes) since no single "
+                    "value transfers (amended 2026-11-29 10:02 UTC before any run: 1e-3 for the first "
+                    "registration's 5e-5); PURE with the exact rule PRM (the paper: a "
                     "learned PRM) as the dense-credit arm with a PRM that cannot be wrong",
     "steps-hacking-pure": "a biased rule PRM (bench/evidence/prm_rules.py) stands for the paper's learned PRM: "
                           "controlled bias (no-claim steps +0.3, a boxless last step −0.5), deterministic, so the "
@@ -326,7 +328,7 @@ ISSUE43 = (
           "rollouts, before the filter) in 40% of the steps, 2.5x the sample efficiency",
           (Arm("rloo", "rloo", ("rollout.n=4", "learner.batch_prompts=16", *FILTERED)),
            Arm("prime-prm2e-4", "prime", ("prime.prm_lr=2e-4",)),
-           Arm("prime-prm5e-5", "prime", ("prime.prm_lr=5e-5",)),
+           Arm("prime-prm1e-3", "prime", ("prime.prm_lr=1e-3",)),
            Arm("pure-rule", "pure", ("pure.prm=rule", *FILTERED))),
           steps=200, eval_every=10, baseline="rloo", common=CREDIT_LEVEL, testbed="steps",
           traces=("accuracy/train", "buffer/generated_samples", "buffer/generated_correct", "prime/dpo_acc"),
@@ -334,7 +336,7 @@ ISSUE43 = (
                      "failed its pre-check). Four arms from the testbed's warm model, 200 steps × 64 trained "
                      "samples each, seeds 0-4. The paper's metric: training accuracy on all generated rollouts "
                      "before the filter, over a window of 20 steps, = Δ buffer/generated_correct / Δ "
-                     "buffer/generated_samples. Test, per dense arm (prime-prm2e-4, prime-prm5e-5, pure-rule) "
+                     "buffer/generated_samples. Test, per dense arm (prime-prm2e-4, prime-prm1e-3, pure-rule) "
                      "and seed: target = RLOO's metric over its steps 181-200; S = the arm's "
                      "buffer/generated_samples at the first step t ≥ 20 whose window (t-19 ... t) reaches the "
                      "target; N = RLOO's buffer/generated_samples at step 200. Verdict per arm: reproduced if "
