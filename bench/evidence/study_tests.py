@@ -206,6 +206,9 @@ def final_test(out_dir: Path, study, arm: str, base: str, matters: float, inconc
     if d is None:
         print("  fewer than 2 paired seeds: no test")
         return
+    if d["df"] is None:  # no noise at all: every pair equal and every accuracy 0 or 1
+        print(f"  over {d['seeds']} seeds: Δ {d['delta']:+.3f} on every seed, with no noise to test against")
+        return
     say_verdict(f"  over {d['seeds']} seeds", d["delta"], d["sigma"], d["df"], +1, matters)
     if inconclusive_why:
         print(f"  -> inconclusive by the registration, whatever the test says: {inconclusive_why}")
