@@ -248,10 +248,11 @@ def pacs(out_dir: Path, study, sample: bool = False) -> None:
         first, last = window_mean(run, "entropy", 1, 25), window_mean(run, "entropy", study.steps - 24, study.steps)
         fell.append(last < first)
         print(f"  GRPO seed {s}: entropy {first:.3f} (steps 1-25) -> {last:.3f} (last 25)")
-    holds = sum(fell) >= 4
-    print(f"precondition: GRPO's entropy fell on {sum(fell)} of {len(fell)} seeds -> {'holds' if holds else 'absent'}")
+    missed = len(fell) - sum(fell)  # the registration: fell on at least 4 of 5 seeds, so one seed may miss
+    state = "absent" if missed > 1 else "holds" if len(fell) >= 5 else "holds so far (4 of 5 needed)"
+    print(f"precondition: GRPO's entropy fell on {sum(fell)} of {len(fell)} seeds -> {state}")
     final_test(out_dir, study, "pacs", "grpo", 0.05,
-               "" if holds else f"GRPO's entropy fell on {sum(fell)} of {len(fell)} seeds, not at least 4")
+               f"GRPO's entropy fell on {sum(fell)} of {len(fell)} seeds, not at least 4 of 5" if missed > 1 else "")
     paired_windows(out_dir, study, "pacs", "grpo", "entropy", study.steps - 24, study.steps)
     if sample:
         paired_sampled(out_dir, study, "pacs", "grpo", 64, 64, [f"pass@{k}" for k in (1, 2, 4, 8, 16, 32, 64)])
