@@ -36,14 +36,15 @@ CHECKS = {  # study -> (split, metric, passes)
 }
 
 
-def study_config(name: str, extra: tuple[str, ...] = ()):
-    """The RunConfig of the study's baseline arm at seed 0, as `evidence.py` would start it (then `extra`)."""
+def study_config(name: str, extra: tuple[str, ...] = (), arm: str | None = None, seed: int = 0):
+    """The RunConfig of the study's `arm` (None: its baseline) at `seed`, as `evidence.py` would start it, then
+    the overrides `extra`."""
     from bench.evidence.evidence_studies import STUDIES, config_file, run_overrides
     from configs.loading import resolve
 
     study = STUDIES[name]
-    arm = next(a for a in study.arms if a.name == study.baseline)
-    return resolve(arm.algo, config_file(study), overrides=[*run_overrides(study, arm, seed=0), *extra])
+    chosen = next(a for a in study.arms if a.name == (arm or study.baseline))
+    return resolve(chosen.algo, config_file(study), overrides=[*run_overrides(study, chosen, seed=seed), *extra])
 
 
 def sampled(cfg, split: str, prompts: int, samples: int) -> dict:

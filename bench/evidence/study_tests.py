@@ -60,6 +60,12 @@ def runs(out_dir: Path, study: str, arm: str) -> dict[int, Path]:
     return found
 
 
+def paired_runs(out_dir: Path, study, arm: str, base: str) -> list[tuple[int, Path, Path]]:
+    """(seed, run of `arm`, run of `base`) for every seed both arms finished, in seed order."""
+    a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
+    return [(s, a[s], b[s]) for s in sorted(set(a) & set(b))]
+
+
 def curve(run: Path, steps: int) -> list[dict]:
     """The run's held-out evaluations: [{step, samples, accuracy, eval_n}], step 0 first."""
     return sample_curve(load_rows(run), steps)
@@ -70,10 +76,11 @@ def say_verdict(name: str, effect: float, se: float, df: int, sign: int, matters
 
 
 def paired_final(out_dir: Path, study, arm: str, base: str, seeds=None) -> dict | None:
-    a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
     pairs = []
-    for s in sorted(set(a) & set(b) & (set(seeds) if seeds is not None else set(a))):
-        ca, cb = curve(a[s], study.steps)[-1], curve(b[s], study.steps)[-1]
+    for s, ra, rb in paired_runs(out_dir, study, arm, base):
+        if seeds is not None and s not in seeds:
+            continue
+        ca, cb = curve(ra, study.steps)[-1], curve(rb, study.steps)[-1]
         pairs.append((ca["accuracy"], cb["accuracy"], ca["eval_n"], cb["eval_n"]))
         print(f"  seed {s}: {arm} {ca['accuracy']:.3f}, {base} {cb['accuracy']:.3f}, Δ {ca['accuracy'] - cb['accuracy']:+.3f}")
     return paired_accuracy_delta(pairs) if len(pairs) >= 2 else None
@@ -92,15 +99,14 @@ def hacking_pure(out_dir: Path, study) -> None:
         unseen = paired_final(out_dir, study, arm, base, seeds=set(not_seen[arm]) & set(not_seen[base]))
         if unseen is not None:
             print(f"  on the seeds not seen when the test was registered: Δ {unseen['delta']:+.3f} ± {unseen['sigma']:.3f}")
-        a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
-        common = sorted(set(a) & set(b))
-        if common:
-            per_prompt = [(final_prompt_rewards(a[s]), final_prompt_rewards(b[s])) for s in common]
+        both = paired_runs(out_dir, study, arm, base)
+        if both:
+            per_prompt = [(final_prompt_rewards(ra), final_prompt_rewards(rb)) for _, ra, rb in both]
             keys = sorted(set.intersection(*(set(x) & set(y) for x, y in per_prompt)))
             xs = [statistics.fmean(x[k] for x, _ in per_prompt) for k in keys]
             ys = [statistics.fmean(y[k] for _, y in per_prompt) for k in keys]
             boot = paired_bootstrap(xs, ys)
-            print(f"  per-prompt paired bootstrap pooled over {len(common)} seeds ({len(keys)} prompts): {boot}")
+            print(f"  per-prompt paired bootstrap pooled over {len(both)} seeds ({len(keys)} prompts): {boot}")
     print("collapses (first evaluation at ≤ ½ the start) and the change of pure/process_return, per arm:")
     for arm in (a.name for a in study.arms):
         col, ret = [], []
@@ -121,10 +127,9 @@ def prm_frozen(out_dir: Path, study) -> None:
         last = [acc[s] for s in range(study.steps - 9, study.steps + 1) if s in acc]
         return statistics.fmean(last) - statistics.fmean(first)
 
-    on, fr = runs(out_dir, study.name, "prime-online"), runs(out_dir, study.name, "prime-frozen")
     deltas = []
-    for s in sorted(set(on) & set(fr)):
-        a, b = change(on[s]), change(fr[s])
+    for s, online, frozen in paired_runs(out_dir, study, "prime-online", "prime-frozen"):
+        a, b = change(online), change(frozen)
         deltas.append(a - b)
         print(f"  seed {s}: online {a:+.3f}, frozen {b:+.3f}, Δ {a - b:+.3f}")
     m, se = mean_se(deltas)
@@ -165,13 +170,9 @@ def final_sampled(study, arm_name: str, seed: int, run: Path, prompts: int, samp
     cache = run / f"final_sampled_{prompts}x{samples}.json"
     if cache.exists():
         return json.loads(cache.read_text())
-    from bench.evidence.evidence_studies import config_file, run_overrides
-    from bench.evidence.level_precheck import sampled
-    from configs.loading import resolve
+    from bench.evidence.level_precheck import sampled, study_config
 
-    arm = next(a for a in study.arms if a.name == arm_name)
-    cfg = resolve(arm.algo, config_file(study), overrides=[*run_overrides(study, arm, seed),
-                                                            f"model.path={run / 'hf' / f'step_{study.steps}'}"])
+    cfg = study_config(study.name, (f"model.path={run / 'hf' / f'step_{study.steps}'}",), arm=arm_name, seed=seed)
     figures = sampled(cfg, "held_out", prompts, samples)
     cache.write_text(json.dumps(figures))
     return figures
@@ -179,20 +180,19 @@ def final_sampled(study, arm_name: str, seed: int, run: Path, prompts: int, samp
 
 def paired_sampled(out_dir: Path, study, arm: str, base: str, prompts: int, samples: int, keys) -> None:
     """Each key of the final models' sampled figures per arm, and arm − base paired over seeds."""
-    a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
-    seeds = sorted(set(a) & set(b))
-    fa = [final_sampled(study, arm, s, a[s], prompts, samples) for s in seeds]
-    fb = [final_sampled(study, base, s, b[s], prompts, samples) for s in seeds]
+    both = paired_runs(out_dir, study, arm, base)
+    fa = [final_sampled(study, arm, s, ra, prompts, samples) for s, ra, _ in both]
+    fb = [final_sampled(study, base, s, rb, prompts, samples) for s, _, rb in both]
     for key in keys:
         m, se = mean_se([x[key] - y[key] for x, y in zip(fa, fb)])
-        print(f"  {key} ({prompts} prompts × {samples} samples, {len(seeds)} seeds): {arm} "
+        print(f"  {key} ({prompts} prompts × {samples} samples, {len(both)} seeds): {arm} "
               f"{statistics.fmean(x[key] for x in fa):.3f}, {base} {statistics.fmean(y[key] for y in fb):.3f}, "
               f"Δ {m:+.3f} ± {se or 0:.3f}")
 
 
 def paired_windows(out_dir: Path, study, arm: str, base: str, key: str, first: int, last: int) -> None:
-    a, b = runs(out_dir, study.name, arm), runs(out_dir, study.name, base)
-    pairs = [(window_mean(a[s], key, first, last), window_mean(b[s], key, first, last)) for s in sorted(set(a) & set(b))]
+    pairs = [(window_mean(ra, key, first, last), window_mean(rb, key, first, last))
+             for _, ra, rb in paired_runs(out_dir, study, arm, base)]
     pairs = [(x, y) for x, y in pairs if x is not None and y is not None]
     if pairs:
         m, se = mean_se([x - y for x, y in pairs])
@@ -221,11 +221,10 @@ def credit(out_dir: Path, study) -> None:
         print(f"  RLOO seed {s}: accuracy on all generated rollouts of steps 1-10 "
               f"{start[0]:.3f} (the precondition: 0.05-0.15)" if start else f"  RLOO seed {s}: no steps 1-10")
     for arm in (a.name for a in study.arms if a.name != "rloo"):
-        got = runs(out_dir, study.name, arm)
         pairs = []
-        for s in sorted(set(base) & set(got)):
-            target, total = generated_windows(base[s])[study.steps]
-            hit = next((n for _, (acc, n) in sorted(generated_windows(got[s]).items()) if acc >= target), None)
+        for s, run, rloo in paired_runs(out_dir, study, arm, "rloo"):
+            target, total = generated_windows(rloo)[study.steps]
+            hit = next((n for _, (acc, n) in sorted(generated_windows(run).items()) if acc >= target), None)
             pairs.append((hit, total))
             print(f"  seed {s}: RLOO's end {target:.3f} after {total} generated samples; {arm} reached it after "
                   f"{hit if hit is not None else 'never'}")
@@ -259,15 +258,13 @@ def pacs(out_dir: Path, study, sample: bool = False) -> None:
 
 
 def opd(out_dir: Path, study) -> None:
-    g, o = runs(out_dir, study.name, "grpo"), runs(out_dir, study.name, "opd")
     total = study.steps * 64
     got = []
-    for s in sorted(set(g) & set(o)):
-        target = curve(g[s], study.steps)[-1]["accuracy"]
-        co = curve(o[s], study.steps)
+    for s, grpo, distilled in paired_runs(out_dir, study, "grpo", "opd"):
+        cg, co = curve(grpo, study.steps), curve(distilled, study.steps)
+        target = cg[-1]["accuracy"]
         hit = next((c["samples"] for c in co[1:] if c["accuracy"] >= target), None)
         got.append(hit)
-        cg = curve(g[s], study.steps)
         secs = next((c["train_s"] for c in co[1:] if c["accuracy"] >= target), None)
         at = min(cg[-1]["train_s"], co[-1]["train_s"])  # equal training seconds: the shorter run's
         acc_at = [[c for c in cx if c["train_s"] <= at][-1]["accuracy"] for cx in (cg, co)]  # the model then
