@@ -42,14 +42,14 @@ class Placement:
     after `timeout_s` instead of hanging in `ray.get`."""
 
     def __init__(self, plan: Plan, timeout_s: float):
-        import ray
         from ray.util.placement_group import placement_group
 
         self.plan, self.timeout_s = plan, timeout_s
         self.groups = {}
         self.leases: list = []  # the actors holding each teacher engine's GPUs (`teacher_devices`)
         if plan.teachers and plan.teacher_bundle.gpus:  # first, as the plan took them; a CPU teacher holds nothing
-            here = {f"node:{ray.util.get_node_ip_address()}": 0.001}  # the driver's node: the engines run in it
+            # the engines run in the driver's process: on a cluster, pinned to its node (one machine has one node)
+            here = {f"node:{plan.driver}": 0.001} if plan.driver else {}
             self.groups["teacher"] = placement_group([plan.teacher_bundle.ray_resources() | here] * plan.teachers,
                                                      strategy="STRICT_PACK", name="teacher")
         if plan.ranks:

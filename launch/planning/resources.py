@@ -60,12 +60,13 @@ class Plan:
     # the actors the learner can feed (`feed_rate.feed_note`)
     teachers: int = 0  # teacher engines in the driver's process (`teacher_engines`), each a `teacher_bundle`
     teacher_bundle: Bundle | None = None
-    driver: str | None = None  # the driver's node (where the teacher engines run)
+    driver: str | None = None  # the driver's node on a joined cluster (where the teacher engines run); None: one machine
 
     def summary(self) -> str:
         where = ", ".join(f"{n}: {r} rank(s) + {a} actor(s)" for n, r, a in self.layout)
-        teachers = (f", {self.teachers} teacher engine(s) × [{self.teacher_bundle.describe()}] on the driver's node "
-                    f"{self.driver}" if self.teachers else "")
+        home = f"the driver's node {self.driver}" if self.driver else "this machine"
+        teachers = (f", {self.teachers} teacher engine(s) × [{self.teacher_bundle.describe()}] on {home}"
+                    if self.teachers else "")
         return (f"{self.ranks} learner rank(s) × [{self.rank_bundle.describe()}] {self.rank_strategy}, "
                 f"{self.actors} actor(s) × [{self.actor_bundle.describe()}] SPREAD{teachers} — room found on {where}")
 
@@ -319,7 +320,7 @@ def plan(cfg: RunConfig, nodes: Sequence[Node], joined: bool = False, driver: st
         notes = (idle_note(cfg, actor_nodes, actors), feed_note(cfg, [n for n, r in zip(nodes, pr) if r], actor_nodes, actors))
         return Plan(rank_b, actor_b, ranks, actors, strategy, layout, notes=tuple(n for n in notes if n),
                     teachers=teachers, teacher_bundle=teacher_b if teachers else None,
-                    driver=(driver or nodes[0].name) if teachers else None)
+                    driver=driver if teachers else None)
     asked = (f"{ranks} learner rank(s) × [{rank_b.describe()}] packed (one node when they fit) + "
              f"{actors} actor(s) × [{actor_b.describe()}] spread over the nodes; each bundle must fit on one node"
              + (f" (beside {teachers} teacher engine(s) × [{teacher_b.describe()}] on the driver's node)"
