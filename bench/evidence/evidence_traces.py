@@ -63,9 +63,10 @@ def pm(ms: tuple, signed: bool = False) -> str:
 
 def draw_traces(axes, arms: Sequence[str], by_arm: dict[str, list[dict]], keys: Sequence[str], steps: int,
                 width: int) -> None:
-    """One panel per trace in `axes`: each arm's window means over seeds ± SE against the learner step."""
+    """One panel per trace in `axes`: each arm's window means over seeds ± SE against the learner step, each arm
+    in its own colour on every panel (a trace only one arm logs keeps that arm's colour)."""
     for ax, key in zip(axes, keys, strict=True):
-        for arm in arms:
+        for i, arm in enumerate(arms):
             per = [w for w in (run_windows(r, key, steps, width) for r in by_arm.get(arm, [])
                                if r["status"] == "ok") if w]
             if not per:
@@ -74,8 +75,9 @@ def draw_traces(axes, arms: Sequence[str], by_arm: dict[str, list[dict]], keys: 
             stats = [mean_se([w[e] for w in per]) for e in ends]
             mean = [m for m, _ in stats]
             se = [s or 0.0 for _, s in stats]
-            ax.plot(ends, mean, marker="o", ms=3, label=f"{arm} ({len(per)} seeds)")
-            ax.fill_between(ends, [m - s for m, s in zip(mean, se)], [m + s for m, s in zip(mean, se)], alpha=0.15)
+            ax.plot(ends, mean, marker="o", ms=3, color=f"C{i}", label=f"{arm} ({len(per)} seeds)")
+            ax.fill_between(ends, [m - s for m, s in zip(mean, se)], [m + s for m, s in zip(mean, se)],
+                            color=f"C{i}", alpha=0.15)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel(f"learner step (mean of {width}-step windows)", fontsize=8)
         ax.grid(alpha=0.3)

@@ -7,7 +7,7 @@ import pytest
 from bench.common.stats import mean_se
 from bench.evidence.evidence import samples_to
 from bench.evidence.evidence_studies import STUDIES, config_file, run_overrides
-from bench.evidence.evidence_traces import trace_rows, windows
+from bench.evidence.evidence_traces import draw_traces, trace_rows, windows
 
 
 def test_windows_average_each_period_and_skip_empty_ones():
@@ -23,6 +23,21 @@ def test_trace_rows_pair_the_first_and_last_window_by_seed():
     rows = trace_rows(["arm"], {"arm": recs}, ["k", "absent"], steps=2, width=1)
     assert rows == [["arm", "`k`", "2", "0.300 ± 0.100 (steps 1–1)", "0.600 ± 0.000 (steps 2–2)", "+0.300 ± 0.100"]]
     assert mean_se([1.0, None]) == (1.0, None) and mean_se([]) == (None, None)
+
+
+def test_an_arm_keeps_its_colour_on_a_panel_only_it_logs():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2)
+    recs = {"grpo": [{"status": "ok", "traces": {"shared": {1: 0.1}}}],
+            "luffy": [{"status": "ok", "traces": {"shared": {1: 0.2}, "luffy/only": {1: 0.3}}}]}
+    draw_traces(axes, ["grpo", "luffy"], recs, ["shared", "luffy/only"], steps=1, width=1)
+    shared, only = ([line.get_color() for line in ax.get_lines()] for ax in axes)
+    plt.close(fig)
+    assert (shared, only) == (["C0", "C1"], ["C1"])  # before: the one-arm panel drew LUFFY in GRPO's C0
 
 
 def test_samples_to_a_target_counts_the_seeds_that_reach_it():
