@@ -204,7 +204,9 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
         *([f"Differs from the paper: {DIFFERS[study.name]}.", ""] if study.name in DIFFERS else []),
         *([f"Precondition (checked before the runs): {PRECONDITION[study.name]}.", ""]
           if study.name in PRECONDITION else []),
-        f"Command: `{cmd}`. {study.steps} learner steps × 64 samples per arm and seed, seeds {seeds}, evaluation "
+        (f"Tables from `{cmd}`, which starts no run (the command that made the runs is in bench/RESULTS.md)."
+         if "--reuse" in cmd.split() else f"Command: `{cmd}`.")
+        + f" {study.steps} learner steps × 64 samples per arm and seed, seeds {seeds}, evaluation "
         f"(greedy, 200 held-out prompts) every {study.eval_every} steps. Overrides on every arm: "
         f"{', '.join(study.common) or 'none'}; per arm: "
         + "; ".join(f"{a.name} = `--algo {a.algo}`" + (f" {' '.join(a.overrides)}" if a.overrides else "")
