@@ -86,6 +86,22 @@ def paired_final(out_dir: Path, study, arm: str, base: str, seeds=None) -> dict 
     return paired_accuracy_delta(pairs) if len(pairs) >= 2 else None
 
 
+def per_prompt_line(out_dir: Path, study, arm: str, base: str) -> None:
+    """Beside a registered test, not one: arm − base on each held-out prompt (its final greedy reward, averaged
+    over the paired seeds), by a paired bootstrap over the prompts. Pairing the prompts removes the
+    binomial noise `paired_accuracy_delta` counts in full; the prompts, not the seeds, are the sample."""
+    both = paired_runs(out_dir, study, arm, base)
+    if both:
+        per_prompt = [(final_prompt_rewards(ra), final_prompt_rewards(rb)) for _, ra, rb in both]
+        keys = sorted(set.intersection(*(set(x) & set(y) for x, y in per_prompt)))
+        xs = [statistics.fmean(x[k] for x, _ in per_prompt) for k in keys]
+        ys = [statistics.fmean(y[k] for _, y in per_prompt) for k in keys]
+        boot = paired_bootstrap(xs, ys)
+        print(f"  per-prompt paired bootstrap pooled over {len(both)} seeds ({len(keys)} prompts; beside the "
+              f"registered test): Δ {boot['delta']:+.3f} ± {boot['se']:.3f}, 95 % interval "
+              f"[{boot['ci95'][0]:+.3f}, {boot['ci95'][1]:+.3f}], p = {boot['p']:.3g}")
+
+
 def hacking_pure(out_dir: Path, study) -> None:
     for name, arm, base, sign in (("T1 sum-prm − min-prm", "sum-prm", "min-prm", -1),
                                   ("T2 sum-mix − sum-prm", "sum-mix", "sum-prm", +1)):
@@ -99,14 +115,7 @@ def hacking_pure(out_dir: Path, study) -> None:
         unseen = paired_final(out_dir, study, arm, base, seeds=set(not_seen[arm]) & set(not_seen[base]))
         if unseen is not None:
             print(f"  on the seeds not seen when the test was registered: Δ {unseen['delta']:+.3f} ± {unseen['sigma']:.3f}")
-        both = paired_runs(out_dir, study, arm, base)
-        if both:
-            per_prompt = [(final_prompt_rewards(ra), final_prompt_rewards(rb)) for _, ra, rb in both]
-            keys = sorted(set.intersection(*(set(x) & set(y) for x, y in per_prompt)))
-            xs = [statistics.fmean(x[k] for x, _ in per_prompt) for k in keys]
-            ys = [statistics.fmean(y[k] for _, y in per_prompt) for k in keys]
-            boot = paired_bootstrap(xs, ys)
-            print(f"  per-prompt paired bootstrap pooled over {len(both)} seeds ({len(keys)} prompts): {boot}")
+        per_prompt_line(out_dir, study, arm, base)
     print("collapses (first evaluation at ≤ ½ the start) and the change of pure/process_return, per arm:")
     for arm in (a.name for a in study.arms):
         col, ret = [], []
@@ -210,6 +219,7 @@ def final_test(out_dir: Path, study, arm: str, base: str, matters: float, inconc
         print(f"  over {d['seeds']} seeds: Δ {d['delta']:+.3f} on every seed, with no noise to test against")
         return
     say_verdict(f"  over {d['seeds']} seeds", d["delta"], d["sigma"], d["df"], +1, matters)
+    per_prompt_line(out_dir, study, arm, base)
     if inconclusive_why:
         print(f"  -> inconclusive by the registration, whatever the test says: {inconclusive_why}")
 

@@ -1,12 +1,13 @@
 """The registered verdict rules and measures of bench/evidence/study_tests.py (each study's `registered` text in
 bench/evidence/evidence_studies.py): steps-opd's and steps-credit's rule on (S, N) per seed, the training
-accuracy on all generated rollouts over a window, and window means, on metrics written by hand."""
+accuracy on all generated rollouts over a window, window means, and the per-prompt paired line beside the
+registered tests, on metrics written by hand."""
 
 import json
 
 import pytest
 
-from bench.evidence.study_tests import generated_windows, samples_word, window_mean
+from bench.evidence.study_tests import generated_windows, per_prompt_line, samples_word, window_mean
 
 
 def test_the_samples_rule_uses_the_four_words_as_registered():
@@ -46,3 +47,20 @@ def test_a_window_mean_reads_only_its_steps(tmp_path):
     assert window_mean(run, "entropy", 1, 2) == pytest.approx(0.75)  # (1.0 + 0.5) / 2
     assert window_mean(run, "entropy", 3, 4) == pytest.approx(0.1)  # step 3 holds no value
     assert window_mean(run, "entropy", 5, 9) is None
+
+
+def test_the_per_prompt_line_pairs_each_prompt_averaged_over_the_seeds(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    final = {("pacs", 0): [1, 1, 0, 0], ("pacs", 1): [1, 0, 0, 0], ("grpo", 0): [1, 0, 0, 0], ("grpo", 1): [0, 0, 0, 0]}
+    for (arm, seed), rewards in final.items():
+        run = tmp_path / "study" / f"{arm}-s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"stopped_early": False}))
+        (run / "eval_prompts.jsonl").write_text(  # step 0 is not the final model; step 10 is
+            json.dumps({"step": 0, "prompt_index": [0, 1, 2, 3], "reward": [0, 0, 0, 1]}) + "\n"
+            + json.dumps({"step": 10, "prompt_index": [0, 1, 2, 3], "reward": rewards}) + "\n")
+    per_prompt_line(tmp_path, SimpleNamespace(name="study"), "pacs", "grpo")
+    # per prompt over the 2 seeds: pacs (1, 0.5, 0, 0), grpo (0.5, 0, 0, 0) -> Δ (0.5, 0.5, 0, 0), mean +0.250
+    out = capsys.readouterr().out
+    assert "pooled over 2 seeds (4 prompts; beside the registered test): Δ +0.250" in out
