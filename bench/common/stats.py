@@ -195,6 +195,14 @@ def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> dict:
             "p": min(1.0, 2 * tail)}
 
 
+def none_right_upper(n: int, confidence: float = 0.95) -> float:
+    """Exact one-sided upper bound (Clopper–Pearson) on a success rate when none of `n` independent trials
+    succeeded: the rate p with (1 − p)^n = 1 − confidence, i.e. 1 − (1 − confidence)^(1/n), about 3/n at 95 %."""
+    if n < 1:
+        raise ValueError(f"none_right_upper: needs at least one trial, got {n}")
+    return 1 - (1 - confidence) ** (1 / n)
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], reps: int = 10_000, seed: int = 0) -> dict:
     """Paired bootstrap over prompts of Δ = mean(a − b): the prompts resampled with replacement `reps` times
     (random.Random(seed)). Two-sided p = min(1, 2 · (min(#Δ* ≤ 0, #Δ* ≥ 0) + 1) / (reps + 1)); 95 % interval

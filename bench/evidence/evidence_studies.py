@@ -391,7 +391,12 @@ ISSUE43 = (
                      "on-policy train accuracy (accuracy/train: generated rows only) and the share of groups with "
                      "at least one right generated row (accuracy/train_groups_solved), each as the mean of steps "
                      "201-250 per arm, paired over seeds; the held-out pass@8 of each final model (200 held-out "
-                     "prompts × 8 samples at temperature 1, bench/evidence/level_precheck.py's sampler)."),
+                     "prompts × 8 samples at temperature 1, bench/evidence/level_precheck.py's sampler). "
+                     "Analysis amended 2026-11-29 14:05 UTC, after seeds 0-2 had ended at 0.000 in both arms "
+                     "(every pair equal, so the test above has no noise) and before seeds 3-4 finished: when no "
+                     "arm answered any held-out prompt on any seed, the word is not reproduced if 0 of the 200 "
+                     "prompts bounds the accuracy below 0.05 (exact binomial, one-sided 95 %: 0.015), "
+                     "otherwise inconclusive (bench/evidence/study_tests.py:none_right_word)."),
     Study("steps-pacs5", "PACS against GRPO at lr 2.5e-5, 4 optimiser steps each, 250 steps",
           "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples, most at large-k pass@k, and "
           "keeps entropy where GRPO's collapses",

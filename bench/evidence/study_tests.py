@@ -43,6 +43,7 @@ from bench.common.runs import finished, load_rows, sample_curve, training_rows  
 from bench.common.stats import (  # noqa: E402
     final_prompt_rewards,
     mean_se,
+    none_right_upper,
     paired_accuracy_delta,
     paired_bootstrap,
     verdict,
@@ -83,7 +84,7 @@ def paired_final(out_dir: Path, study, arm: str, base: str, seeds=None) -> dict 
         ca, cb = curve(ra, study.steps)[-1], curve(rb, study.steps)[-1]
         pairs.append((ca["accuracy"], cb["accuracy"], ca["eval_n"], cb["eval_n"]))
         print(f"  seed {s}: {arm} {ca['accuracy']:.3f}, {base} {cb['accuracy']:.3f}, Δ {ca['accuracy'] - cb['accuracy']:+.3f}")
-    return paired_accuracy_delta(pairs) if len(pairs) >= 2 else None
+    return paired_accuracy_delta(pairs) | {"pairs": pairs} if len(pairs) >= 2 else None
 
 
 def per_prompt_line(out_dir: Path, study, arm: str, base: str) -> None:
@@ -209,6 +210,24 @@ def paired_windows(out_dir: Path, study, arm: str, base: str, key: str, first: i
               f"{statistics.fmean(y for _, y in pairs):.3f}, Δ {m:+.3f} ± {se or 0:.3f} ({len(pairs)} seeds)")
 
 
+def none_right_word(pairs, matters: float) -> str:
+    """The word when no test has noise to work with (amended 2026-11-29 ~14:10 UTC, after steps-luffy-beyond5's
+    seeds 0-2 ended at 0.000 in both arms and before seeds 3-4 finished): when neither arm answered any held-out
+    prompt on any seed, the arm's accuracy is below `none_right_upper(n)` at 95 %, n = the evaluation's prompts
+    (the same prompts on every seed, so only they count as independent). Below `matters`, the test could have
+    seen the paper's gain and found none: not reproduced; otherwise, and whenever some answer was right,
+    inconclusive."""
+    if any(a or b for a, b, _, _ in pairs):
+        return "inconclusive: every pair equal, so no noise to test against"
+    n = min(min(na, nb) for _, _, na, nb in pairs)
+    bound = none_right_upper(n)
+    if bound < matters:
+        return (f"not reproduced: neither arm answered any of the {n} held-out prompts on any seed, so the arm's "
+                f"accuracy is below {bound:.3f} (one-sided 95 %, exact binomial) and a gain of {matters:.3f} "
+                f"would have been seen")
+    return f"inconclusive: 0 of {n} prompts bounds the accuracy only below {bound:.3f}, not below {matters:.3f}"
+
+
 def final_test(out_dir: Path, study, arm: str, base: str, matters: float, inconclusive_why: str = "") -> None:
     print(f"{arm} − {base}, final held-out greedy accuracy:")
     d = paired_final(out_dir, study, arm, base)
@@ -217,6 +236,7 @@ def final_test(out_dir: Path, study, arm: str, base: str, matters: float, inconc
         return
     if d["df"] is None:  # no noise at all: every pair equal and every accuracy 0 or 1
         print(f"  over {d['seeds']} seeds: Δ {d['delta']:+.3f} on every seed, with no noise to test against")
+        print(f"  -> {none_right_word(d['pairs'], matters)}")
         return
     say_verdict(f"  over {d['seeds']} seeds", d["delta"], d["sigma"], d["df"], +1, matters)
     per_prompt_line(out_dir, study, arm, base)

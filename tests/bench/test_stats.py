@@ -11,6 +11,7 @@ from bench.common.stats import (
     detectable_effect,
     final_prompt_rewards,
     mcnemar_exact,
+    none_right_upper,
     paired_accuracy_delta,
     paired_bootstrap,
     paired_scores,
@@ -91,6 +92,15 @@ def test_mcnemar_exact_golden():
     assert mcnemar_exact([1, 0], [1, 0])["p"] == 1.0
     with pytest.raises(ValueError, match="paired_bootstrap"):
         mcnemar_exact([0.5], [1])
+
+
+def test_none_right_upper_golden():
+    # 0 of 200: (1 − p)^200 = 0.05 -> p = 1 − 0.05^(1/200) = 1 − e^(ln 0.05 / 200) = 1 − e^(−0.0149787) = 0.014867
+    assert none_right_upper(200) == pytest.approx(0.014867039)
+    assert none_right_upper(50) == pytest.approx(0.058155079)  # 0 of 50 cannot rule out 0.05
+    assert none_right_upper(1) == pytest.approx(0.95)  # one failure says little
+    with pytest.raises(ValueError):
+        none_right_upper(0)
 
 
 def test_paired_bootstrap():

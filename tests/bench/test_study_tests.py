@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from bench.evidence.study_tests import generated_windows, per_prompt_line, samples_word, window_mean
+from bench.evidence.study_tests import (
+    generated_windows,
+    none_right_word,
+    per_prompt_line,
+    samples_word,
+    window_mean,
+)
 
 
 def test_the_samples_rule_uses_the_four_words_as_registered():
@@ -64,3 +70,10 @@ def test_the_per_prompt_line_pairs_each_prompt_averaged_over_the_seeds(tmp_path,
     # per prompt over the 2 seeds: pacs (1, 0.5, 0, 0), grpo (0.5, 0, 0, 0) -> Δ (0.5, 0.5, 0, 0), mean +0.250
     out = capsys.readouterr().out
     assert "pooled over 2 seeds (4 prompts; beside the registered test): Δ +0.250" in out
+
+
+def test_no_noise_is_a_verdict_only_when_no_answer_was_right_and_the_bound_is_below_what_matters():
+    zeros = [(0.0, 0.0, 200, 200)] * 5
+    assert none_right_word(zeros, 0.05).startswith("not reproduced")  # 0 of 200: below 0.0149 < 0.05
+    assert none_right_word([(0.0, 0.0, 50, 50)] * 5, 0.05).startswith("inconclusive")  # 0 of 50: below 0.058 only
+    assert none_right_word([(0.5, 0.5, 200, 200)] * 5, 0.05).startswith("inconclusive")  # equal, not empty
