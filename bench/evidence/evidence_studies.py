@@ -393,7 +393,8 @@ ISSUE43 = (
                      "201-250 per arm, paired over seeds; the held-out pass@8 of each final model (200 held-out "
                      "prompts × 8 samples at temperature 1, bench/evidence/level_precheck.py's sampler). "
                      "Analysis amended 2026-11-29 14:05 UTC, after seeds 0-2 had ended at 0.000 in both arms "
-                     "(every pair equal, so the test above has no noise) and before seeds 3-4 finished: when no "
+                     "(every pair equal, so the test above has no noise) and before seeds 3-4 finished (GRPO's were "
+                     "running, their progress lines at 0.00 seen; LUFFY's had not started): when no "
                      "arm answered any held-out prompt on any seed, the word is not reproduced if 0 of the 200 "
                      "prompts bounds the accuracy below 0.05 (exact binomial, one-sided 95 %: 0.015), "
                      "otherwise inconclusive (bench/evidence/study_tests.py:none_right_word)."),

@@ -211,8 +211,9 @@ def paired_windows(out_dir: Path, study, arm: str, base: str, key: str, first: i
 
 
 def none_right_word(pairs, matters: float) -> str:
-    """The word when no test has noise to work with (amended 2026-11-29 ~14:10 UTC, after steps-luffy-beyond5's
-    seeds 0-2 ended at 0.000 in both arms and before seeds 3-4 finished): when neither arm answered any held-out
+    """The word when no test has noise to work with (amended 2026-11-29 14:05 UTC, committed 14:07, after
+    steps-luffy-beyond5's seeds 0-2 ended at 0.000 in both arms and before seeds 3-4 finished; GRPO's seeds 3-4
+    were running, their progress lines at 0.00 seen; LUFFY's had not started): when neither arm answered any held-out
     prompt on any seed, the arm's accuracy is below `none_right_upper(n)` at 95 %, n = the evaluation's prompts
     (the same prompts on every seed, so only they count as independent). Below `matters`, the test could have
     seen the paper's gain and found none: not reproduced; otherwise, and whenever some answer was right,
