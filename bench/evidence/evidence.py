@@ -179,7 +179,7 @@ def render(study: Study, by_arm: dict[str, list[dict]], seeds: list[int], cmd: s
             f"{d['delta']:+.3f} ± {d['sigma']:.3f}" + (f" (t = {d['t']:.2f}, df = {d['df']}, p = {d['p']:.2f})"
                                                         if d["p"] is not None else
                                                         " (one seed: no test)" if d["seeds"] < 2 else
-                                                        " (no noise: every pair equal; no test)"))
+                                                        " (no noise: every pair equal; no t test: study_tests.py:none_right_word gives the word)"))
         extra = [pm(s["staleness"], ".2f") + f" / {fmt(s['staleness_max'], '.0f')}", pm(s["ess"], ".4f"),
                  pm(s["mismatch_kl"], ".4f"), pm(s["clipfrac"], ".3f")] if study.name == "staleness" else []
         rows.append([arm.name, f"{s['seeds']}/{len(seeds)}", pm(s["accuracy_before"]), pm(s["accuracy_end"]),
