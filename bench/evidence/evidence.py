@@ -291,7 +291,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--study", nargs="+", required=True, choices=[*STUDIES, "cost", "all"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help="default: each study's registered seeds, 0 ... Study.seeds - 1")
     p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: every arm of the study)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "evidence",
                    help="folder of the studies' run folders (reused across invocations)")
@@ -304,11 +305,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def seeds_of(study: Study, args) -> list[int]:
+    """The seeds to run or read: --seeds, else the study's registered ones."""
+    return args.seeds if args.seeds is not None else list(range(study.seeds))
+
+
 def collect(study: Study, args, run_missing: bool) -> dict[str, list[dict]]:
     """Every arm's record per seed; a study with a `source` reads that study's runs and starts none."""
     runs_of = STUDIES[study.source] if study.source else study
     by_arm: dict[str, list[dict]] = {}
-    for seed in args.seeds:
+    for seed in seeds_of(study, args):
         for arm in study.arms:
             if args.arms and arm.name not in args.arms:
                 continue
@@ -350,7 +356,7 @@ def main(argv=None) -> int:
     for name in (n for n in args.study if n in STUDIES):
         study = STUDIES[name]
         records[name] = collect(study, args, run_missing=True)
-        (ROOT / "bench" / f"evidence_{name}.md").write_text(render(study, records[name], args.seeds, cmd))
+        (ROOT / "bench" / f"evidence_{name}.md").write_text(render(study, records[name], seeds_of(study, args), cmd))
         plot(study, records[name], ROOT / "bench" / f"evidence_{name}.png")
         log((ROOT / "bench" / f"evidence_{name}.md").read_text())
     if "cost" in args.study:

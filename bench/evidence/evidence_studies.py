@@ -42,6 +42,7 @@ class Study:
     # arm -> the seeds whose runs had not been seen when the test was registered (only for a test registered
     # after some runs: its verdict is also reported on these alone)
     unseen: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    seeds: int = 3  # the seeds its registration names, 0 ... seeds - 1: its verdict needs every arm on all of them
 
 
 WEAK_SFT_STEPS = 60  # greedy held-out accuracy 0.000-0.005 on seeds 0-2 (bench/RESULTS.md, "LUFFY")
@@ -98,7 +99,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "rollouts as the policy moves, while the online implicit PRM keeps or gains it",
           (Arm("prime-online", "prime"),
            Arm("prime-frozen", "prime", ("prime.prm_update=frozen", "prime.prm_frozen_after=10"))),
-          steps=80, eval_every=10, baseline="prime-online", testbed="steps",
+          steps=80, eval_every=10, baseline="prime-online", testbed="steps", seeds=5,
           traces=("prime/dpo_acc", "prime/dpo_abs_acc", "prime/prm_ce_eval", "accuracy/train"),
           registered="Registered 2026-11-28 before any run (issue 43). Test: per seed, the change of `prime/dpo_acc` "
                      "(the paper's pairwise metric, on the step's own rollouts, before the PRM's update) from the "
@@ -330,7 +331,7 @@ ISSUE43 = (
            Arm("prime-prm2e-4", "prime", ("prime.prm_lr=2e-4",)),
            Arm("prime-prm1e-3", "prime", ("prime.prm_lr=1e-3",)),
            Arm("pure-rule", "pure", ("pure.prm=rule", *FILTERED))),
-          steps=200, eval_every=10, baseline="rloo", common=CREDIT_LEVEL, testbed="steps",
+          steps=200, eval_every=10, baseline="rloo", common=CREDIT_LEVEL, testbed="steps", seeds=5,
           traces=("accuracy/train", "buffer/generated_samples", "buffer/generated_correct", "prime/dpo_acc"),
           registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
                      "failed its pre-check). Four arms from the testbed's warm model, 200 steps × 64 trained "
@@ -352,7 +353,7 @@ ISSUE43 = (
           (Arm("vr-only", "pure", ("pure.c_pr=0.0", "pure.c_vr=1.0")),
            Arm("min-prm", "pure", PRM_ONLY), Arm("sum-prm", "pure", (*SUM, *PRM_ONLY)),
            Arm("min-mix", "pure", MIXED), Arm("sum-mix", "pure", (*SUM, *MIXED))),
-          steps=80, eval_every=5, baseline="min-prm", testbed="steps",
+          steps=80, eval_every=5, baseline="min-prm", testbed="steps", seeds=5,
           common=(BIASED_PRM, "pure.kl_coef=1e-3", "pure.whiten=batch"),
           traces=("accuracy/train", "pure/process_return", "pure/min_step_score", "response/length_mean",
                   "pure/num_steps", "pure/prm_step_acc"),
@@ -374,7 +375,7 @@ ISSUE43 = (
           "LUFFY (Yan et al. 2025, §5.2 Fig. 4): off-policy guidance learns where on-policy rollouts almost never "
           "succeed; on-policy GRPO's train reward stays near zero",
           (Arm("grpo", "grpo"), Arm("luffy", "luffy", LUFFY_PAPER)), steps=250, eval_every=10, baseline="grpo",
-          common=(*BEYOND_LEVEL, *CONSTANT_LR, "loss.entropy_coef=0.001"), threshold=0.05, testbed="steps",
+          common=(*BEYOND_LEVEL, *CONSTANT_LR, "loss.entropy_coef=0.001"), threshold=0.05, testbed="steps", seeds=5,
           traces=("accuracy/train", "accuracy/train_groups_solved", "luffy/reward_onpolicy", "entropy"),
           registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
                      "failed its pre-check). Both arms from the testbed's warm model, 250 steps × 64 samples, "
@@ -402,7 +403,7 @@ ISSUE43 = (
           "PACS (Li et al. 2025, v2 Table 2, Fig. 5): beats GRPO at equal samples, most at large-k pass@k, and "
           "keeps entropy where GRPO's collapses",
           (Arm("grpo", "grpo", ("learner.mini_batches=4",)), Arm("pacs", "pacs")), steps=250, eval_every=10,
-          baseline="grpo", testbed="steps", common=(*PACS_LEVEL, "learner.lr=2.5e-5"),
+          baseline="grpo", testbed="steps", common=(*PACS_LEVEL, "learner.lr=2.5e-5"), seeds=5,
           traces=("accuracy/train", "entropy", "response/length_mean"),
           registered="Re-registered 2026-11-29 10:00 UTC before any run (the 6-digit registration of 64faf93 "
                      "failed its pre-check). Both arms from the testbed's warm model at lr 2.5e-5 and 4 optimiser "

@@ -67,6 +67,19 @@ def paired_runs(out_dir: Path, study, arm: str, base: str) -> list[tuple[int, Pa
     return [(s, a[s], b[s]) for s in sorted(set(a) & set(b))]
 
 
+def interim(out_dir: Path, study) -> str | None:
+    """None when every arm finished all the seeds the study registered (`Study.seeds`); else the line saying the
+    words the test prints apply its rule to the seeds finished so far and are no verdict yet."""
+    missing = {a.name: [s for s in range(study.seeds) if s not in runs(out_dir, study.name, a.name)]
+               for a in study.arms}
+    missing = {arm: seeds for arm, seeds in missing.items() if seeds}
+    if not missing:
+        return None
+    return (f"INTERIM, no verdict: the registration names seeds 0-{study.seeds - 1} and these have not finished: "
+            + "; ".join(f"{arm} {seeds}" for arm, seeds in missing.items())
+            + ". Every word above applies the registered rule to the seeds finished so far.")
+
+
 def curve(run: Path, steps: int) -> list[dict]:
     """The run's held-out evaluations: [{step, samples, accuracy, eval_n}], step 0 first."""
     return sample_curve(load_rows(run), steps)
@@ -319,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=Path("runs/evidence"))
     p.add_argument("--sample", action="store_true", help="also sample the final models (module docstring)")
     args = p.parse_args(argv)
+    study = STUDIES[args.study]
     if args.study in TESTS:
-        TESTS[args.study](args.out_dir, STUDIES[args.study])
+        TESTS[args.study](args.out_dir, study)
     else:
-        SAMPLING_TESTS[args.study](args.out_dir, STUDIES[args.study], sample=args.sample)
+        SAMPLING_TESTS[args.study](args.out_dir, study, sample=args.sample)
+    if line := interim(args.out_dir, study):
+        print(line)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The registered verdict rules and measures of bench/evidence/study_tests.py (each study's `registered` text in
 bench/evidence/evidence_studies.py): steps-opd's and steps-credit's rule on (S, N) per seed, the training
-accuracy on all generated rollouts over a window, window means, and the per-prompt paired line beside the
-registered tests, on metrics written by hand."""
+accuracy on all generated rollouts over a window, window means, the per-prompt paired line beside the
+registered tests, and the interim line while seeds are missing, on metrics written by hand."""
 
 import json
 
@@ -9,6 +9,7 @@ import pytest
 
 from bench.evidence.study_tests import (
     generated_windows,
+    interim,
     none_right_word,
     per_prompt_line,
     samples_word,
@@ -77,3 +78,23 @@ def test_no_noise_is_a_verdict_only_when_no_answer_was_right_and_the_bound_is_be
     assert none_right_word(zeros, 0.05).startswith("not reproduced")  # 0 of 200: below 0.0149 < 0.05
     assert none_right_word([(0.0, 0.0, 50, 50)] * 5, 0.05).startswith("inconclusive")  # 0 of 50: below 0.058 only
     assert none_right_word([(0.5, 0.5, 200, 200)] * 5, 0.05).startswith("inconclusive")  # equal, not empty
+
+
+def test_words_are_marked_interim_until_every_arm_has_every_registered_seed(tmp_path):
+    from types import SimpleNamespace
+
+    study = SimpleNamespace(name="study", seeds=3, arms=(SimpleNamespace(name="rloo"), SimpleNamespace(name="prime")))
+    done = {"stopped_early": False}
+    for arm, seed, summary in (("rloo", 0, done), ("rloo", 1, done), ("rloo", 2, done), ("prime", 0, done),
+                               ("prime", 1, {"stopped_early": True}), ("prime", 3, done)):  # seed 1 stopped
+        run = tmp_path / "study" / f"{arm}-s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps(summary))
+    line = interim(tmp_path, study)
+    # prime: seed 1 stopped early, seed 2 never ran; seed 3 is not a registered seed and does not count
+    assert line.startswith("INTERIM, no verdict: the registration names seeds 0-2") and "prime [1, 2]." in line
+    assert "rloo" not in line
+    for seed in (1, 2):
+        (tmp_path / "study" / f"prime-s{seed}").mkdir(exist_ok=True)
+        (tmp_path / "study" / f"prime-s{seed}" / "summary.json").write_text(json.dumps(done))
+    assert interim(tmp_path, study) is None
