@@ -23,6 +23,9 @@ in OUT_DIR/<study>/<arm>-s<seed>/ and prints its per-seed figures, its statistic
                         entropy fell (last 25 steps below the first 25) on at least 4 of 5 seeds; beside it
                         (--sample) the final models' pass@k, k = 1 ... 64
 
+While any arm lacks one of the seeds its registration names (`Study.seeds`), the output ends with an INTERIM line
+naming the missing runs: the words above it then apply the rule to the seeds finished so far, no verdict yet.
+
 `--sample` also samples each finished run's final model on held-out prompts (one vLLM engine, a few minutes per
 run; cached as final_sampled_<prompts>x<samples>.json in the run's folder).
 
