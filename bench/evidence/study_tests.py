@@ -73,9 +73,8 @@ def paired_runs(out_dir: Path, study, arm: str, base: str) -> list[tuple[int, Pa
 def interim(out_dir: Path, study) -> str | None:
     """None when every arm finished all the seeds the study registered (`Study.seeds`); else the line saying the
     words the test prints apply its rule to the seeds finished so far and are no verdict yet."""
-    missing = {a.name: [s for s in range(study.seeds) if s not in runs(out_dir, study.name, a.name)]
-               for a in study.arms}
-    missing = {arm: seeds for arm, seeds in missing.items() if seeds}
+    missing = {a.name: left for a in study.arms
+               if (left := [s for s in range(study.seeds) if s not in runs(out_dir, study.name, a.name)])}
     if not missing:
         return None
     return (f"INTERIM, no verdict: the registration names seeds 0-{study.seeds - 1} and these have not finished: "
