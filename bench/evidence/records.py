@@ -1,10 +1,12 @@
 """Keep a study's finished runs in the repository, so its verdict can be re-derived (and the study continued) on
 any machine.
 
-A study's runs live in an --out-dir outside the repository, with their checkpoints and logs (about 1 GB a run).
-A fresh machine starts without them: the runs behind a verdict, or half a study's runs, are lost with it. This
-copies from each finished run the three files every analysis reads (summary.json, metrics.jsonl,
-eval_prompts.jsonl) into bench/evidence/records/<study>/<arm>-s<seed>/. That folder is an --out-dir like any other:
+A study's runs live in an --out-dir outside the repository, with their checkpoints, models and logs (16 MB a
+run on the step-by-step testbed). A fresh machine starts without them: the runs behind a verdict, or half a
+study's runs, are lost with it. This copies from each finished run the three files every analysis reads
+(summary.json, metrics.jsonl, eval_prompts.jsonl; about 0.5 MB, 0.1 MB once git compresses them) and the run's
+resolved config.yaml (its exact settings) into bench/evidence/records/<study>/<arm>-s<seed>/. That folder is an
+--out-dir like any other:
 
   .venv/bin/python bench/evidence/records.py --study steps-credit --from /work/studies_out     # keep the runs
   .venv/bin/python bench/evidence/evidence.py --study steps-credit --reuse --out-dir bench/evidence/records
@@ -28,7 +30,7 @@ from bench.common.runs import ROOT, finished, log  # noqa: E402
 from bench.evidence.evidence_studies import STUDIES  # noqa: E402
 
 RECORDS = ROOT / "bench" / "evidence" / "records"
-KEPT = ("summary.json", "metrics.jsonl", "eval_prompts.jsonl")
+KEPT = ("summary.json", "metrics.jsonl", "eval_prompts.jsonl", "config.yaml")
 
 
 def keep(src: Path, study: str, dest: Path = RECORDS) -> list[str]:
