@@ -26,18 +26,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common.runs import ROOT, finished, log  # noqa: E402
+from bench.common.runs import ROOT, log  # noqa: E402
 from bench.evidence.evidence_studies import STUDIES  # noqa: E402
+from bench.evidence.study_tests import runs as finished_runs  # noqa: E402
 
 RECORDS = ROOT / "bench" / "evidence" / "records"
 KEPT = ("summary.json", "metrics.jsonl", "eval_prompts.jsonl", "config.yaml")
 
 
 def keep(src: Path, study: str, dest: Path = RECORDS) -> list[str]:
-    """Copy the kept files of every finished run of `study` in `src` (an --out-dir) to `dest/<study>/`; the names
-    of the runs copied. A run not finished (stopped early, still running) is skipped; one lacking a kept file is
-    refused before anything is copied."""
-    runs = sorted(d for d in (src / study).glob("*-s*") if d.is_dir() and finished(d))
+    """Copy the kept files of every finished run of `study`'s arms in `src` (an --out-dir; `study_tests.runs`
+    finds them, as every test does) to `dest/<study>/`; the names of the runs copied. A run not finished (stopped
+    early, still running) is skipped; one lacking a kept file is refused before anything is copied."""
+    runs = sorted((d for arm in STUDIES[study].arms for d in finished_runs(src, study, arm.name).values()),
+                  key=lambda d: d.name)
     for run in runs:
         missing = [f for f in KEPT if not (run / f).is_file()]
         if missing:
