@@ -288,17 +288,17 @@ def render_cost(records: dict[str, dict[str, list[dict]]]) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--study", nargs="+", required=True, choices=[*STUDIES, "cost", "all"])
     p.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="default: each study's registered seeds, 0 ... Study.seeds - 1")
     p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: every arm of the study)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "evidence",
-                   help="folder of the studies' run folders (reused across invocations)")
-    p.add_argument("--timeout-s", type=float, default=1800.0, help="per-run limit (stopped cleanly after it)")
+                   help="folder of the studies' run folders, reused across invocations (default: runs/evidence)")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="per-run limit in seconds, stopped cleanly after it (default: %(default)s)")
     p.add_argument("--reuse", action="store_true", help="start no run: analyse the finished runs only")
-    p.add_argument("--echo", choices=["progress", "all", "none"], default="none")
+    p.add_argument("--echo", choices=["progress", "all", "none"], default="none",
+                   help="print each run's progress and error lines, all its output, or none (default: %(default)s)")
     args = p.parse_args(argv)
     if "all" in args.study:
         args.study = [*STUDIES, "cost"]
