@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -177,6 +178,19 @@ def generated_windows(run: Path, width: int = 20) -> dict[int, tuple[float, int]
             for t in sorted(n) if t >= width and t - width in n and n[t] > n[t - width]}
 
 
+def window_se(windows: dict[int, tuple[float, int]], t: int, width: int = 20) -> float:
+    """The binomial standard error of the window ending at step t (its accuracy p over the n samples generated
+    in it): how far a window's accuracy moves by sampling alone."""
+    p, n = windows[t][0], windows[t][1] - windows[t - width][1]
+    return math.sqrt(p * (1 - p) / n)
+
+
+def never(run: Path, target: float, width: int = 20) -> str:
+    """'never', with the run's best window and how far below the target it stayed."""
+    t, (acc, _) = max(generated_windows(run, width).items(), key=lambda kv: kv[1][0])
+    return f"never (best window {acc:.3f} at step {t}, {target - acc:.3f} short)"
+
+
 def samples_word(pairs: list[tuple[int | None, int]]) -> str:
     """The rule of steps-opd and steps-credit on (S, N) per seed: S the samples the arm needed to reach the
     baseline's end (None: never), N the baseline's own samples to its end."""
@@ -269,11 +283,12 @@ def credit(out_dir: Path, study) -> None:
     for arm in (a.name for a in study.arms if a.name != "rloo"):
         pairs = []
         for s, run, rloo in paired_runs(out_dir, study, arm, "rloo"):
-            target, total = generated_windows(rloo)[study.steps]
+            windows = generated_windows(rloo)
+            target, total = windows[study.steps]
             hit = next((n for _, (acc, n) in sorted(generated_windows(run).items()) if acc >= target), None)
             pairs.append((hit, total))
-            print(f"  seed {s}: RLOO's end {target:.3f} after {total} generated samples; {arm} reached it after "
-                  f"{hit if hit is not None else 'never'}")
+            print(f"  seed {s}: RLOO's end {target:.3f} ± {window_se(windows, study.steps):.3f} after {total} "
+                  f"generated samples; {arm} reached it after {hit if hit is not None else never(run, target)}")
         if pairs:
             print(f"{arm}: S over {len(pairs)} seeds {[x for x, _ in pairs]} -> {samples_word(pairs)}")
             final_test(out_dir, study, arm, "rloo", 0.05)

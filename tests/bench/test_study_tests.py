@@ -10,10 +10,12 @@ import pytest
 from bench.evidence.study_tests import (
     generated_windows,
     interim,
+    never,
     none_right_word,
     per_prompt_line,
     samples_word,
     window_mean,
+    window_se,
 )
 
 
@@ -46,6 +48,16 @@ def test_training_accuracy_on_all_generated_rollouts_over_a_window(tmp_path):
     assert w == {2: (pytest.approx(30 / 200), 200),  # steps 1-2: (30 - 0) / (200 - 0)
                  3: (pytest.approx(50 / 200), 300),  # steps 2-3: (60 - 10) / (300 - 100)
                  4: (pytest.approx(70 / 200), 400)}  # steps 3-4: (100 - 30) / (400 - 200)
+
+
+def test_a_windows_noise_and_a_never_reached_targets_shortfall(tmp_path):
+    rows = [{"step": t, "buffer/generated_samples": 100 * t, "buffer/generated_correct": c}
+            for t, c in ((1, 10), (2, 30), (3, 60), (4, 100))]
+    run = _run(tmp_path, rows)
+    # steps 3-4: p = 70 / 200 = 0.35 over n = 200 samples: sqrt(0.35 × 0.65 / 200) = 0.03373
+    assert window_se(generated_windows(run, width=2), 4, width=2) == pytest.approx(0.033727, abs=1e-6)
+    # width 20 holds no window of a 4-step run; the best 2-step window is that of steps 3-4
+    assert never(run, 0.40, width=2) == "never (best window 0.350 at step 4, 0.050 short)"
 
 
 def test_a_window_mean_reads_only_its_steps(tmp_path):
