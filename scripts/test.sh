@@ -4,7 +4,7 @@
 # With no arguments the suite runs as two pytest processes at once: the whole runs (tests/e2e: `algo-train`
 # runs; tests/cluster: runs across two network-namespace hosts; one at a time) beside every other folder.
 # A 2-core machine is otherwise idle much of the time a run waits on its processes; the two parts take
-# about as long as each other (11-18.5 min and 9.5-18 min on 2 cores, by machine). The whole runs' output is
+# about as long as each other (11-18.5 min and 9.5-18 min on 2 cores, as the host allows). The whole runs' output is
 # shown when both are done; the exit status fails if either part fails.
 # Arguments (a file, -k, ...) run one plain pytest with them instead. Both parts list their slowest tests
 # (--durations): the suite's budget is 20 minutes, and that list says where it goes.
