@@ -294,7 +294,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="default: each study's registered seeds, 0 ... Study.seeds - 1")
     p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: every arm of the study)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "evidence",
-                   help="folder of the studies' run folders, reused across invocations (default: the repository's runs/evidence)")
+                   help="folder of the studies' run folders, reused across invocations "
+                        "(default: the repository's runs/evidence)")
     p.add_argument("--timeout-s", type=float, default=1800.0,
                    help="per-run limit in seconds, stopped cleanly after it (default: %(default)s)")
     p.add_argument("--reuse", action="store_true", help="start no run: analyse the finished runs only")

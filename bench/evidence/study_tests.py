@@ -180,14 +180,15 @@ def generated_windows(run: Path, width: int = 20) -> dict[int, tuple[float, int]
 
 def window_se(windows: dict[int, tuple[float, int]], t: int, width: int = 20) -> float:
     """The binomial standard error of the window ending at step t (its accuracy p over the n samples generated
-    in it): how far a window's accuracy moves by sampling alone."""
+    in it): how far a window's accuracy moves by sampling alone. `windows` is `generated_windows(run, width)`;
+    n is read off the window ending at t - width, so t ≥ 2 × width."""
     p, n = windows[t][0], windows[t][1] - windows[t - width][1]
     return math.sqrt(p * (1 - p) / n)
 
 
-def never(run: Path, target: float, width: int = 20) -> str:
-    """'never', with the run's best window and how far below the target it stayed."""
-    t, (acc, _) = max(generated_windows(run, width).items(), key=lambda kv: kv[1][0])
+def never(windows: dict[int, tuple[float, int]], target: float) -> str:
+    """'never', with the best of a run's `generated_windows` and how far below the target it stayed."""
+    t, (acc, _) = max(windows.items(), key=lambda kv: kv[1][0])
     return f"never (best window {acc:.3f} at step {t}, {target - acc:.3f} short)"
 
 
@@ -283,12 +284,13 @@ def credit(out_dir: Path, study) -> None:
     for arm in (a.name for a in study.arms if a.name != "rloo"):
         pairs = []
         for s, run, rloo in paired_runs(out_dir, study, arm, "rloo"):
-            windows = generated_windows(rloo)
-            target, total = windows[study.steps]
-            hit = next((n for _, (acc, n) in sorted(generated_windows(run).items()) if acc >= target), None)
+            base_windows, arm_windows = generated_windows(rloo), generated_windows(run)
+            target, total = base_windows[study.steps]
+            hit = next((n for _, (acc, n) in sorted(arm_windows.items()) if acc >= target), None)
             pairs.append((hit, total))
-            print(f"  seed {s}: RLOO's end {target:.3f} ± {window_se(windows, study.steps):.3f} after {total} "
-                  f"generated samples; {arm} reached it after {hit if hit is not None else never(run, target)}")
+            print(f"  seed {s}: RLOO's end {target:.3f} ± {window_se(base_windows, study.steps):.3f} after "
+                  f"{total} generated samples; {arm} reached it after "
+                  f"{hit if hit is not None else never(arm_windows, target)}")
         if pairs:
             print(f"{arm}: S over {len(pairs)} seeds {[x for x, _ in pairs]} -> {samples_word(pairs)}")
             final_test(out_dir, study, arm, "rloo", 0.05)

@@ -57,7 +57,7 @@ def test_a_windows_noise_and_a_never_reached_targets_shortfall(tmp_path):
     # steps 3-4: p = 70 / 200 = 0.35 over n = 200 samples: sqrt(0.35 × 0.65 / 200) = 0.03373
     assert window_se(generated_windows(run, width=2), 4, width=2) == pytest.approx(0.033727, abs=1e-6)
     # width 20 holds no window of a 4-step run; the best 2-step window is that of steps 3-4
-    assert never(run, 0.40, width=2) == "never (best window 0.350 at step 4, 0.050 short)"
+    assert never(generated_windows(run, width=2), 0.40) == "never (best window 0.350 at step 4, 0.050 short)"
 
 
 def test_a_window_mean_reads_only_its_steps(tmp_path):
